@@ -1,0 +1,31 @@
+# The two commands (see README): `make demo` and `make test`. Both create the virtualenv
+# and install memstream into it on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench stack-up stack-down clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/memstream demo
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) bench/run_all.py
+
+stack-up: $(STAMP)
+	$(VENV)/bin/memstream dev up
+
+stack-down: $(STAMP)
+	$(VENV)/bin/memstream dev down
+
+clean:
+	rm -rf $(VENV) .memstream var .pytest_cache

@@ -1,0 +1,118 @@
+"""The topic catalog: the one place that names every topic memstream reads or writes.
+
+Partitions, replication factor, cleanup policy and retention of each topic come from here;
+`memstream topics apply` creates them, `memstream catalog` documents them, the README's topic
+table is generated from them, and the Faust app declares its topics from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+from .settings import Settings
+
+DAY_MS = 24 * 60 * 60 * 1000
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    direction: str  # "in" | "out"
+    key: str  # what the UTF-8 string key is
+    value_schema: str  # stem of schemas/<value_schema>.avsc
+    cleanup_policy: str  # "delete" | "compact" | "compact,delete"
+    description: str
+    retention_ms: int | None = None  # None = broker default (7 days)
+
+    def partitions(self, settings: Settings) -> int:
+        return settings.partitions
+
+    def replication(self, settings: Settings) -> int:
+        return settings.replication
+
+    def config(self) -> dict[str, str]:
+        cfg = {"cleanup.policy": self.cleanup_policy}
+        if self.retention_ms is not None:
+            cfg["retention.ms"] = str(self.retention_ms)
+        return cfg
+
+
+_TOPICS: tuple[TopicSpec, ...] = (
+    TopicSpec("memory.events.v1", "in", "motebit_id", "memory_event", "delete",
+              "Memory event envelopes from agents and devices."),
+    TopicSpec("memory.candidates.v1", "in", "motebit_id", "candidate_memory", "delete",
+              "Candidate memories to consolidate."),
+    TopicSpec("memory.turns.v1", "in", "motebit_id", "user_turn", "delete",
+              "One user turn (and the agent reply) for the missed-memory audit."),
+    TopicSpec("session.events.v1", "in", "session_id", "session_event", "delete",
+              "Session log events, including compaction/*."),
+    TopicSpec("graph.events.v1", "in", "graph_id", "graph_event", "delete",
+              "Graph engine event records (shipped from graph-events-*.ndjson)."),
+    TopicSpec("negotiator.requests.v1", "in", "user_id", "negotiator_request", "delete",
+              "Negotiator remember / forget requests."),
+    TopicSpec("memory.ledger.v1", "out", "motebit_id", "memory_event", "delete",
+              "Every accepted memory event in order, incl. derived ones."),
+    TopicSpec("memory.relay.v1", "out", "motebit_id", "memory_event", "delete",
+              "The ledger as a sync peer may see it: redacted, tombstoned, local-only events dropped."),
+    TopicSpec("memory.nodes.v1", "out", "motebit_id/node_id", "memory_node", "compact",
+              "Current state of each memory node; null (tombstone) once deleted."),
+    TopicSpec("memory.quarantine.v1", "out", "motebit_id", "quarantine_entry", "delete",
+              "Instruction-form entries held at the exposure gate."),
+    TopicSpec("memory.analytics.v1", "out", "motebit_id", "analytics_window", "compact,delete",
+              "Windowed activity aggregates.", retention_ms=30 * DAY_MS),
+    TopicSpec("session.compactions.v1", "out", "session_id", "compaction_ledger", "compact",
+              "Per-session compaction ledger."),
+    TopicSpec("graph.state.v1", "out", "graph_id", "graph_state", "compact",
+              "Per-graph execution state."),
+    TopicSpec("negotiator.replies.v1", "out", "user_id", "negotiator_reply", "delete",
+              "Results of remember / forget."),
+    TopicSpec("pipeline.dlq.v1", "out", "original key", "dead_letter", "delete",
+              "Every record the pipeline could not accept, with the reason.", retention_ms=30 * DAY_MS),
+)
+
+TOPICS: dict[str, TopicSpec] = {t.name: t for t in _TOPICS}
+
+# Names used by code, so a typo is an AttributeError rather than a silent new topic.
+MEMORY_EVENTS = "memory.events.v1"
+MEMORY_CANDIDATES = "memory.candidates.v1"
+MEMORY_TURNS = "memory.turns.v1"
+SESSION_EVENTS = "session.events.v1"
+GRAPH_EVENTS = "graph.events.v1"
+NEGOTIATOR_REQUESTS = "negotiator.requests.v1"
+MEMORY_LEDGER = "memory.ledger.v1"
+MEMORY_RELAY = "memory.relay.v1"
+MEMORY_NODES = "memory.nodes.v1"
+MEMORY_QUARANTINE = "memory.quarantine.v1"
+MEMORY_ANALYTICS = "memory.analytics.v1"
+SESSION_COMPACTIONS = "session.compactions.v1"
+GRAPH_STATE = "graph.state.v1"
+NEGOTIATOR_REPLIES = "negotiator.replies.v1"
+DLQ = "pipeline.dlq.v1"
+
+
+def topics() -> Iterator[TopicSpec]:
+    return iter(_TOPICS)
+
+
+def topic(name: str) -> TopicSpec:
+    try:
+        return TOPICS[name]
+    except KeyError:
+        raise KeyError(f"{name!r} is not in the topic catalog (streams/catalog.py)") from None
+
+
+def markdown_table(settings: Settings | None = None) -> str:
+    """The README's topic table, generated from the catalog."""
+    settings = settings or Settings()
+    rows = [
+        "| topic | direction | key | value schema | cleanup | partitions | retention |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for t in _TOPICS:
+        retention = "broker default" if t.retention_ms is None else f"{t.retention_ms // DAY_MS} d"
+        rows.append(
+            f"| `{t.name}` | {t.direction} | `{t.key}` | `schemas/{t.value_schema}.avsc` | "
+            f"{t.cleanup_policy} | {t.partitions(settings)} | {retention} |"
+        )
+    return "\n".join(rows)

@@ -1,0 +1,170 @@
+"""The `memstream` command line.
+
+Every failure the user can cause or fix (stack not up, bad settings, drifted topics, bad input
+files) ends in one line on stderr naming what is wrong and what to do, and a non-zero exit.
+`--traceback` shows the Python traceback for bug reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+from .settings import Settings, SettingsError
+
+EXIT_ERROR = 2
+
+# Error types a user can act on: reported in one line. Filled lazily (modules import heavy deps).
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from .devstack import StackError
+    from .topics import TopicError
+
+    errors: list[type[BaseException]] = [SettingsError, StackError, TopicError, FileNotFoundError]
+    try:
+        from .wire import WireFormatError
+
+        errors.append(WireFormatError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _dev(args: argparse.Namespace, s: Settings) -> int:
+    from . import devstack
+
+    if args.dev_cmd == "up":
+        return devstack.up(s)
+    if args.dev_cmd == "down":
+        return devstack.down(s, wipe=args.wipe)
+    if args.dev_cmd == "status":
+        return devstack.status(s)
+    return devstack.logs(s, args.service, args.lines)
+
+
+def _topics(args: argparse.Namespace, s: Settings) -> int:
+    from . import topics
+
+    report = topics.apply(s)
+    for name in report.created:
+        print(f"created  {name}")
+    for name in report.existing:
+        print(f"exists   {name}")
+    for d in report.drift:
+        print(f"DRIFT    {d}", file=sys.stderr)
+    if not report.ok:
+        print(f"memstream: {len(report.drift)} topic(s) differ from the catalog (streams/catalog.py); "
+              "fix or recreate them", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _catalog(args: argparse.Namespace, s: Settings) -> int:
+    from . import catalog
+
+    if args.format == "markdown":
+        print(catalog.markdown_table(s))
+        return 0
+    from . import asyncapi
+
+    text = asyncapi.render(s)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+        print(f"wrote {args.output}")
+    else:
+        print(text)
+    return 0
+
+
+def _settings(args: argparse.Namespace, s: Settings) -> int:
+    for var, _default, doc in Settings.documentation():
+        field = var.removeprefix("MEMSTREAM_").lower()
+        print(f"{var}={getattr(s, field)}    # {doc}")
+    return 0
+
+
+def _worker(args: argparse.Namespace, s: Settings) -> int:
+    from . import worker
+
+    changes = {}
+    if args.web_port is not None:
+        changes["web_port"] = args.web_port
+    if args.data_dir is not None:
+        changes["data_dir"] = args.data_dir
+    return worker.run(s.replace(**changes))
+
+
+def _schemas(args: argparse.Namespace, s: Settings) -> int:
+    from . import compat
+
+    return compat.run_check()
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
+    "dev": _dev,
+    "topics": _topics,
+    "catalog": _catalog,
+    "settings": _settings,
+    "worker": _worker,
+    "schemas": _schemas,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="memstream", description="Stream processing for AI-agent memory on Kafka.")
+    p.add_argument("--traceback", action="store_true", help="show Python tracebacks on errors")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    dev = sub.add_parser("dev", help="the local Kafka + Schema Registry (no Docker)")
+    dev_sub = dev.add_subparsers(dest="dev_cmd", required=True)
+    dev_sub.add_parser("up", help="fetch (once) and start Kafka and the registry")
+    down = dev_sub.add_parser("down", help="stop what `up` started")
+    down.add_argument("--wipe", action="store_true", help="also delete the broker's data")
+    dev_sub.add_parser("status", help="show whether each service is up (exit 1 if not)")
+    logs = dev_sub.add_parser("logs", help="print the end of a service's log")
+    logs.add_argument("service", choices=["kafka", "registry"])
+    logs.add_argument("-n", "--lines", type=int, default=50)
+
+    topics = sub.add_parser("topics", help="topic catalog operations")
+    topics_sub = topics.add_subparsers(dest="topics_cmd", required=True)
+    topics_sub.add_parser("apply", help="create missing topics; report drift (exit 1)")
+
+    cat = sub.add_parser("catalog", help="document the topic catalog")
+    cat.add_argument("--format", choices=["asyncapi", "markdown"], default="markdown")
+    cat.add_argument("-o", "--output", help="write to this file instead of stdout")
+
+    sub.add_parser("settings", help="print the effective MEMSTREAM_* settings")
+
+    w = sub.add_parser("worker", help="run a pipeline worker (Faust)")
+    w.add_argument("--web-port", type=int, help="HTTP port (overrides MEMSTREAM_WEB_PORT)")
+    w.add_argument("--data-dir", help="table data dir (overrides MEMSTREAM_DATA_DIR)")
+
+    sch = sub.add_parser("schemas", help="schema operations")
+    sch_sub = sch.add_subparsers(dest="schemas_cmd", required=True)
+    sch_sub.add_parser("check", help="prove every schema compatible with its released versions")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+        return COMMANDS[args.command](args, settings)
+    except KeyboardInterrupt:
+        print("memstream: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one place that turns errors into one line
+        if args.traceback:
+            raise
+        known = isinstance(exc, _user_errors())
+        detail = str(exc) if known else f"{type(exc).__name__}: {exc} (a bug? re-run with --traceback)"
+        print(f"memstream: error: {detail}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The one settings object.
+
+Every knob memstream has is a field here, read from an environment variable with the
+``MEMSTREAM_`` prefix (the field name upper-cased). Nothing else in the code reads the
+environment. ``memstream settings`` prints the effective values; README.md documents them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+PREFIX = "MEMSTREAM_"
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value that cannot be used."""
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "memstream")
+
+
+@dataclass(frozen=True)
+class Settings:
+    # --- Kafka and the Schema Registry -------------------------------------------------
+    broker: str = field(default="127.0.0.1:19092", metadata={"doc": "Kafka bootstrap servers (host:port[,host:port])."})
+    registry_url: str = field(
+        default="http://127.0.0.1:18081/apis/ccompat/v7",
+        metadata={"doc": "Confluent-compatible Schema Registry URL; empty = no registry (Avro single-object encoding)."},
+    )
+    partitions: int = field(default=6, metadata={"doc": "Partitions of every catalog topic (and so of every changelog)."})
+    replication: int = field(default=1, metadata={"doc": "Replication factor of every catalog topic."})
+    # --- the worker ---------------------------------------------------------------------
+    app_id: str = field(default="memstream", metadata={"doc": "Faust app id = Kafka consumer group id and changelog prefix."})
+    store: str = field(default="rocksdb://", metadata={"doc": "Faust table store: rocksdb:// (production) or memory:// (tests)."})
+    web_port: int = field(default=6066, metadata={"doc": "HTTP port of this worker (each worker on one host needs its own)."})
+    web_host: str = field(default="127.0.0.1", metadata={"doc": "Interface the worker's HTTP server binds and advertises."})
+    data_dir: str = field(default="var/worker", metadata={"doc": "Faust data dir (RocksDB tables); one per worker on a host."})
+    standby_replicas: int = field(default=1, metadata={"doc": "Table standby replicas kept by other workers for fast failover."})
+    log_level: str = field(default="info", metadata={"doc": "Worker log level."})
+    # --- the local stack (memstream dev up) ----------------------------------------------
+    cache_dir: str = field(default_factory=_default_cache_dir, metadata={"doc": "Where `dev up` keeps downloaded Kafka / Apicurio (outside git)."})
+    stack_dir: str = field(default=".memstream/stack", metadata={"doc": "Runtime dir of the local stack: data, logs, pid files."})
+    kafka_version: str = field(default="4.1.1", metadata={"doc": "Apache Kafka version fetched from Maven Central."})
+    apicurio_version: str = field(default="3.3.3", metadata={"doc": "Apicurio Registry version fetched from Maven Central."})
+    controller_port: int = field(default=19093, metadata={"doc": "KRaft controller port of the local broker."})
+    registry_java: str = field(default="", metadata={"doc": "java binary for Apicurio (needs Java 21+); empty = search JAVA_HOME and /usr/lib/jvm."})
+    stack_timeout: float = field(default=120.0, metadata={"doc": "Seconds `dev up` waits for each service to answer."})
+
+    # ------------------------------------------------------------------------------------
+    @property
+    def broker_host_port(self) -> tuple[str, int]:
+        first = self.broker.split(",")[0]
+        host, _, port = first.rpartition(":")
+        return host or "127.0.0.1", int(port)
+
+    @property
+    def registry_host_port(self) -> tuple[str, int]:
+        from urllib.parse import urlparse
+
+        u = urlparse(self.registry_url)
+        return u.hostname or "127.0.0.1", u.port or 80
+
+    def replace(self, **changes: Any) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            key = PREFIX + f.name.upper()
+            if key not in env:
+                continue
+            raw = env[key]
+            values[f.name] = _coerce(key, raw, f.type)
+        return cls(**values)
+
+    @classmethod
+    def documentation(cls) -> list[tuple[str, str, str]]:
+        """(variable, default, doc) for every setting, for README and `memstream settings`."""
+        out = []
+        for f in fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else "(see doc)"
+            out.append((PREFIX + f.name.upper(), str(default), f.metadata.get("doc", "")))
+        return out
+
+
+def _coerce(key: str, raw: str, typ: Any) -> Any:
+    typ = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
+    try:
+        if typ == "int":
+            return int(raw)
+        if typ == "float":
+            return float(raw)
+        if typ == "bool":
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(raw)
+    except ValueError:
+        raise SettingsError(f"{key}={raw!r} is not a valid {typ}") from None
+    return raw

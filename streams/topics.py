@@ -1,0 +1,105 @@
+"""`memstream topics apply`: create the catalog's topics and report drift.
+
+Topics are created by the project (never by broker auto-creation) with the partitions,
+replication factor and configuration from `streams/catalog.py`. An existing topic whose
+partition count or cleanup policy differs from the catalog is reported, never silently altered
+(shrinking partitions is impossible and re-keying a live topic is an operator's decision).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from . import catalog
+from .settings import Settings
+
+
+class TopicError(RuntimeError):
+    """The broker refused or could not be reached; the message names the topic."""
+
+
+@dataclass(frozen=True)
+class Drift:
+    topic: str
+    what: str
+    expected: str
+    actual: str
+
+    def __str__(self) -> str:
+        return f"{self.topic}: {self.what} is {self.actual}, catalog says {self.expected}"
+
+
+@dataclass
+class ApplyReport:
+    created: list[str]
+    existing: list[str]
+    drift: list[Drift]
+
+    @property
+    def ok(self) -> bool:
+        return not self.drift
+
+
+def admin_client(settings: Settings) -> AdminClient:
+    return AdminClient({"bootstrap.servers": settings.broker, "log_level": 0})
+
+
+def apply(settings: Settings, admin: AdminClient | None = None, timeout: float = 30.0) -> ApplyReport:
+    admin = admin or admin_client(settings)
+    try:
+        md = admin.list_topics(timeout=timeout)
+    except Exception as exc:  # KafkaException: broker unreachable
+        raise TopicError(f"cannot reach Kafka at {settings.broker} ({exc}); is the stack up? try `memstream dev up`") from None
+    missing = [t for t in catalog.topics() if t.name not in md.topics]
+    existing = [t for t in catalog.topics() if t.name in md.topics]
+    created: list[str] = []
+    if missing:
+        futures = admin.create_topics(
+            [NewTopic(t.name, t.partitions(settings), t.replication(settings), config=t.config()) for t in missing],
+            operation_timeout=timeout,
+        )
+        for name, fut in futures.items():
+            try:
+                fut.result()
+                created.append(name)
+            except Exception as exc:  # noqa: BLE001
+                if "TOPIC_ALREADY_EXISTS" in str(exc):
+                    existing.append(catalog.topic(name))
+                    continue
+                raise TopicError(f"could not create {name}: {exc}") from None
+    drift = _drift(settings, admin, existing, timeout)
+    return ApplyReport(created=created, existing=[t.name for t in existing], drift=drift)
+
+
+def _drift(settings: Settings, admin: AdminClient, specs: list[catalog.TopicSpec], timeout: float) -> list[Drift]:
+    if not specs:
+        return []
+    md = admin.list_topics(timeout=timeout)
+    out: list[Drift] = []
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, t.name) for t in specs]
+    configs = admin.describe_configs(resources, request_timeout=timeout)
+    for spec, res in zip(specs, resources):
+        actual_parts = len(md.topics[spec.name].partitions)
+        if actual_parts != spec.partitions(settings):
+            out.append(Drift(spec.name, "partition count", str(spec.partitions(settings)), str(actual_parts)))
+        entries = configs[res].result(timeout=timeout)
+        policy = entries["cleanup.policy"].value
+        if _policy_set(policy) != _policy_set(spec.cleanup_policy):
+            out.append(Drift(spec.name, "cleanup.policy", spec.cleanup_policy, policy))
+    return out
+
+
+def _policy_set(policy: str) -> frozenset[str]:
+    return frozenset(p.strip() for p in policy.split(",") if p.strip())
+
+
+def missing_topics(settings: Settings, admin: AdminClient | None = None, timeout: float = 15.0) -> list[str]:
+    """Catalog topics that do not exist (the worker refuses to start while any is missing)."""
+    admin = admin or admin_client(settings)
+    try:
+        md = admin.list_topics(timeout=timeout)
+    except Exception as exc:
+        raise TopicError(f"cannot reach Kafka at {settings.broker} ({exc}); is the stack up? try `memstream dev up`") from None
+    return [t.name for t in catalog.topics() if t.name not in md.topics]

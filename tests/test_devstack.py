@@ -1,0 +1,79 @@
+"""`memstream dev` and `memstream topics apply` against a real broker and registry.
+
+This test runs a second, throw-away stack on its own ports so it can stop it and check that
+nothing is left behind, without disturbing the session's stack.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from .conftest import ROOT, memstream
+
+pytestmark = pytest.mark.kafka
+
+OWN = {
+    "MEMSTREAM_BROKER": "127.0.0.1:39092",
+    "MEMSTREAM_CONTROLLER_PORT": "39093",
+    "MEMSTREAM_REGISTRY_URL": "http://127.0.0.1:38081/apis/ccompat/v7",
+    "MEMSTREAM_STACK_DIR": str(ROOT / ".memstream" / "devstack-test"),
+}
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _pids() -> list[int]:
+    stack = Path(OWN["MEMSTREAM_STACK_DIR"])
+    return [int(p.read_text()) for p in stack.glob("*.pid")]
+
+
+def test_up_is_idempotent_topics_apply_reports_drift_and_down_leaves_nothing():
+    memstream("dev", "down", "--wipe", env=OWN, check=False)
+    first = memstream("dev", "up", env=OWN)
+    assert "stack up" in first.stdout
+    pids = _pids()
+    assert len(pids) == 2 and all(Path(f"/proc/{p}").exists() for p in pids)
+    assert memstream("dev", "status", env=OWN).returncode == 0
+
+    again = memstream("dev", "up", env=OWN)
+    assert "already up" in again.stdout
+    assert _pids() == pids  # nothing new started
+
+    # A topic created by hand with the wrong partition count and cleanup policy is drift.
+    admin = AdminClient({"bootstrap.servers": OWN["MEMSTREAM_BROKER"]})
+    admin.create_topics([NewTopic("memory.nodes.v1", 1, 1, config={"cleanup.policy": "delete"})])["memory.nodes.v1"].result()
+    for _ in range(2):  # idempotent: the second apply creates nothing and reports the same drift
+        res = memstream("topics", "apply", env=OWN, check=False)
+        assert res.returncode == 1
+        assert "DRIFT    memory.nodes.v1: partition count is 1, catalog says 4" in res.stderr
+        assert "DRIFT    memory.nodes.v1: cleanup.policy is delete, catalog says compact" in res.stderr
+    assert "created" not in res.stdout and "exists   memory.events.v1" in res.stdout
+
+    memstream("dev", "down", "--wipe", env=OWN)
+    assert not any(Path(f"/proc/{p}").exists() and b"java" in Path(f"/proc/{p}/cmdline").read_bytes() for p in pids)
+    assert not _port_open(39092) and not _port_open(38081)
+    assert _pids() == []
+    assert memstream("dev", "status", env=OWN, check=False).returncode == 1
+
+
+def test_topics_apply_twice_is_idempotent(stack):
+    second = memstream("topics", "apply")
+    assert "created" not in second.stdout
+    assert second.stdout.count("exists") == 15
+
+
+def test_worker_refuses_to_start_without_topics():
+    env = {**OWN, "MEMSTREAM_BROKER": "127.0.0.1:1"}
+    res = memstream("worker", env=env, check=False, timeout=60)
+    assert res.returncode == 2
+    assert res.stderr.startswith("memstream: error: cannot reach Kafka at 127.0.0.1:1")
+    assert "Traceback" not in res.stderr
