@@ -43,8 +43,11 @@ class Settings:
     data_dir: str = field(default="var/worker", metadata={"doc": "Faust data dir (RocksDB tables); one per worker on a host."})
     standby_replicas: int = field(default=1, metadata={"doc": "Table standby replicas kept by other workers for fast failover."})
     log_level: str = field(default="info", metadata={"doc": "Worker log level."})
+    # --- pipeline rules ------------------------------------------------------------------
+    graph_stall_ms: int = field(default=15 * 60 * 1000, metadata={"doc": "A graph node running longer than this (ms) is flagged stalled."})
+    timer_interval_s: float = field(default=30.0, metadata={"doc": "Seconds between runs of the partition-local housekeeping timers."})
     # --- the local stack (memstream dev up) ----------------------------------------------
-    cache_dir: str = field(default_factory=_default_cache_dir, metadata={"doc": "Where `dev up` keeps downloaded Kafka / Apicurio (outside git)."})
+    cache_dir: str = field(default_factory=_default_cache_dir, metadata={"doc": "Where `dev up` keeps downloaded Kafka / Apicurio, outside git (default $XDG_CACHE_HOME/memstream or ~/.cache/memstream)."})
     stack_dir: str = field(default=".memstream/stack", metadata={"doc": "Runtime dir of the local stack: data, logs, pid files."})
     kafka_version: str = field(default="4.1.1", metadata={"doc": "Apache Kafka version fetched from Maven Central."})
     apicurio_version: str = field(default="3.3.3", metadata={"doc": "Apicurio Registry version fetched from Maven Central."})
@@ -86,7 +89,7 @@ class Settings:
         """(variable, default, doc) for every setting, for README and `memstream settings`."""
         out = []
         for f in fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else "(see doc)"
+            default = f.default if f.default is not dataclasses.MISSING else "(computed)"
             out.append((PREFIX + f.name.upper(), str(default), f.metadata.get("doc", "")))
         return out
 

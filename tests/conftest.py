@@ -7,6 +7,7 @@ so every run sees a fresh broker and registry, and stopped at the end. Pure test
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -48,14 +49,23 @@ def settings():
 
 @pytest.fixture(scope="session")
 def stack(settings):
-    """A fresh local Kafka + registry for this test session."""
-    memstream("dev", "down", "--wipe", check=False)
-    started = time.monotonic()
-    memstream("dev", "up")
-    print(f"\n[stack] test stack up in {time.monotonic() - started:.1f}s", file=sys.stderr)
-    memstream("topics", "apply")
-    yield settings
-    memstream("dev", "down", check=False)
+    """A fresh local Kafka + registry for this test session.
+
+    An exclusive lock serializes test sessions that need the stack (two pytest runs on one
+    machine would otherwise wipe each other's broker)."""
+    lock_path = ROOT / ".memstream" / "test-stack.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        memstream("dev", "down", "--wipe", check=False)
+        started = time.monotonic()
+        memstream("dev", "up")
+        print(f"\n[stack] test stack up in {time.monotonic() - started:.1f}s", file=sys.stderr)
+        memstream("topics", "apply")
+        try:
+            yield settings
+        finally:
+            memstream("dev", "down", check=False)
 
 
 @pytest.fixture

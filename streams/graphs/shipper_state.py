@@ -1,0 +1,269 @@
+"""File-position bookkeeping for the ``tail -F`` style graph-event shipper (SPEC §4.9). File I/O
+only — no Kafka here; the Kafka side lives in the shipper itself.
+
+Pieces
+------
+- a durable **offsets file** (JSON ``{"version": 1, "files": {name: {"inode", "offset"}}}``) mapping
+  each log file's base name to the inode it had and the byte offset just past the last complete
+  line shipped. ``save_offsets`` writes it atomically (tmp file, fsync, ``os.replace``, fsync of the
+  directory), so a crash leaves either the old or the new file, never a torn one;
+- ``read_new_lines(path, offset)`` returns only *complete* lines (ending in ``\\n``) after
+  ``offset`` and the offset just past the last one: a half-written last line is withheld until its
+  newline lands. If the file is now shorter than ``offset`` (truncated) it restarts at 0;
+- ``poll_file(path, stored)`` adds rotation detection: if the inode differs from the stored one
+  (the path now names a different file) or the file shrank, reading restarts at 0. Lines still
+  unread in a rotated-away file are not recovered (the graph recorder never rotates; this only
+  keeps a replaced file from being read at a stale offset);
+- ``line_id(name, start, data)``: a deterministic id of one line (SHA-256 of file name, byte
+  offset and bytes) — the same line at the same place always gets the same id.
+
+At-least-once + idempotent shipping (how the shipper should use this)
+-------------------------------------------------------------------
+::
+
+    store = OffsetStore(offsets_path)                      # survives restarts
+    for path in list_event_files(directory):
+        batch = poll_file(path, store.get(os.path.basename(path)))
+        if batch is None:                                  # vanished between listing and open
+            continue
+        for line in batch.lines:                           # complete lines only
+            produce(key=graphId or file name, value=...,   # corrupt lines -> DLQ, with the raw bytes
+                    headers={HEADER_LINE_ID: line_id(batch.name, line.start, line.data), ...})
+        producer.flush()                                   # every produce acknowledged ...
+        store.commit(batch.name, batch.position)           # ... only then move the offset
+
+A crash between ``flush`` and ``commit`` re-ships those lines after restart with the *same* ids;
+the graph reducer (``state.apply(..., event_id=<header>)``) skips ids it has already applied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from .paths import FILE_RE
+
+OFFSETS_VERSION = 1
+DEFAULT_MAX_BYTES = 1 << 20
+# Suggested Kafka record header names.
+HEADER_LINE_ID = "memstream.event_id"  # what streams/agents/graphs.py reads as apply(event_id=)
+HEADER_SOURCE_FILE = "memstream.source.file"
+HEADER_SOURCE_OFFSET = "memstream.source.offset"
+
+
+class OffsetsFileError(ValueError):
+    """The offsets file exists but cannot be read as an offsets file."""
+
+
+@dataclass(frozen=True)
+class Position:
+    inode: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class Line:
+    start: int  # byte offset of the line's first byte
+    end: int  # byte offset just past its "\n"
+    data: bytes  # the line without its "\n"
+
+    @property
+    def is_blank(self) -> bool:
+        return not self.data.strip()
+
+
+@dataclass(frozen=True)
+class Batch:
+    name: str  # base name of the file (the offsets-file key)
+    inode: int
+    start_offset: int  # where reading began (0 after a restart)
+    end_offset: int  # just past the last complete line returned
+    lines: list[Line] = field(default_factory=list)
+    restarted: bool = False  # truncation or rotation detected: reading began at 0
+    reason: str | None = None  # "truncated" | "rotated" | None
+
+    @property
+    def position(self) -> Position:
+        """What to commit once every line of the batch is acknowledged."""
+        return Position(self.inode, self.end_offset)
+
+
+# --------------------------------------------------------------------------------------------
+# the offsets file
+
+
+def load_offsets(path: str | os.PathLike[str]) -> dict[str, Position]:
+    """Read the offsets file; a missing file is an empty mapping. A present but unreadable file
+    raises ``OffsetsFileError`` (it cannot be torn by our writer, so it was damaged externally:
+    an operator decides, rather than silently re-shipping everything)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return {}
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+        files = doc["files"]
+        if doc.get("version") != OFFSETS_VERSION or not isinstance(files, dict):
+            raise ValueError(f"unsupported offsets file version {doc.get('version')!r}")
+        out = {}
+        for name, pos in files.items():
+            inode, offset = pos["inode"], pos["offset"]
+            if not (isinstance(inode, int) and isinstance(offset, int)) or offset < 0:
+                raise ValueError(f"bad position for {name!r}: {pos!r}")
+            out[name] = Position(inode, offset)
+        return out
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
+        raise OffsetsFileError(f"{os.fspath(path)}: not a valid offsets file: {e}") from e
+
+
+def save_offsets(path: str | os.PathLike[str], offsets: dict[str, Position]) -> None:
+    """Write the offsets file atomically: tmp file in the same directory, fsync, rename, fsync dir."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    doc = {
+        "version": OFFSETS_VERSION,
+        "files": {n: {"inode": p.inode, "offset": p.offset} for n, p in sorted(offsets.items())},
+    }
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(json.dumps(doc, indent=1).encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:
+        dfd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+class OffsetStore:
+    """The offsets file plus its in-memory copy. ``commit`` persists immediately."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = os.fspath(path)
+        self.positions: dict[str, Position] = load_offsets(self.path)
+
+    def get(self, name: str) -> Position | None:
+        return self.positions.get(name)
+
+    def commit(self, name: str, position: Position) -> None:
+        if self.positions.get(name) == position:
+            return
+        new = dict(self.positions)
+        new[name] = position
+        save_offsets(self.path, new)
+        self.positions = new
+
+    def forget(self, name: str) -> None:
+        if name in self.positions:
+            new = dict(self.positions)
+            del new[name]
+            save_offsets(self.path, new)
+            self.positions = new
+
+
+# --------------------------------------------------------------------------------------------
+# reading
+
+
+def _read_complete(f, offset: int, max_bytes: int) -> tuple[list[Line], int]:  # type: ignore[no-untyped-def]
+    f.seek(offset)
+    buf = b""
+    while True:
+        chunk = f.read(max_bytes)
+        if not chunk:
+            break
+        buf += chunk
+        if b"\n" in chunk:
+            break  # at least one complete line: enough for this batch
+    cut = buf.rfind(b"\n")
+    if cut < 0:
+        return [], offset  # nothing complete yet (maybe a half-written line)
+    lines = []
+    pos = offset
+    for piece in buf[:cut].split(b"\n"):
+        end = pos + len(piece) + 1
+        lines.append(Line(pos, end, piece))
+        pos = end
+    return lines, pos
+
+
+def read_new_lines(path: str | os.PathLike[str], offset: int, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[list[Line], int]:
+    """Complete lines after ``offset`` and the offset just past the last one. A file shorter than
+    ``offset`` was truncated: reading restarts at 0. A missing file gives ``([], offset)``.
+    ``max_bytes`` bounds one read (a longer single line is still returned whole)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < offset:
+                offset = 0
+            return _read_complete(f, offset, max_bytes)
+    except FileNotFoundError:
+        return [], offset
+
+
+def poll_file(path: str | os.PathLike[str], stored: Position | None, max_bytes: int = DEFAULT_MAX_BYTES) -> Batch | None:
+    """Read what is new in ``path`` relative to its stored position, detecting truncation and
+    rotation (inode change). None if the file does not exist."""
+    name = os.path.basename(os.fspath(path))
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return None
+    with f:
+        st = os.fstat(f.fileno())
+        offset, reason = 0, None
+        if stored is not None:
+            if stored.inode != st.st_ino:
+                reason = "rotated"
+            elif st.st_size < stored.offset:
+                reason = "truncated"
+            else:
+                offset = stored.offset
+        lines, end = _read_complete(f, offset, max_bytes)
+        return Batch(name, st.st_ino, offset, end, lines, reason is not None, reason)
+
+
+def line_id(name: str, start: int, data: bytes) -> str:
+    """Deterministic id of one line: the same bytes at the same offset of the same file name
+    always give the same id (a re-shipped line is recognisable downstream)."""
+    h = hashlib.sha256()
+    h.update(name.encode("utf-8"))
+    h.update(b"\0")
+    h.update(str(start).encode("ascii"))
+    h.update(b"\0")
+    h.update(data)
+    return h.hexdigest()[:32]
+
+
+def list_event_files(directory: str | os.PathLike[str]) -> list[str]:
+    """Paths of the ``graph-events-{hash}.ndjson`` files in ``directory``, sorted by name."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return [os.path.join(os.fspath(directory), n) for n in sorted(names) if FILE_RE.match(n)]
+
+
+def lines_text(lines: Iterable[Line]) -> list[str]:
+    """Convenience: decoded line texts (invalid UTF-8 replaced) — for logs and tests."""
+    return [ln.data.decode("utf-8", "replace") for ln in lines]

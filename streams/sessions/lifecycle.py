@@ -1,0 +1,582 @@
+"""Per-session compaction lifecycle checker and ledger reducer (SPEC §4.8) — pure.
+
+``step(state, event) -> (new_state, violations)`` folds one SessionEvent (a plain dict shaped as
+``memstream.session.SessionEvent``, see docs/records.md) into the session's state. Events are
+processed in ``seq`` order; the state is a JSON-able plain dict that a Faust table can persist as
+is, and ``to_record(state)`` gives the ``memstream.session.CompactionLedger`` record.
+
+A violation never raises: it is returned (for the dead-letter topic), counted in the ledger's
+``violationCount``, and the session keeps being tracked. ``step`` never mutates its input.
+
+State shape
+-----------
+``{"record": <CompactionLedger dict>, "internal": {...}}`` — ``record`` holds exactly the record
+fields; ``internal`` holds the bookkeeping the record schema has no field for:
+
+- ``openTurn`` (int | None): the turn currently open (see the turn model below);
+- ``turnBoundaries`` (bool): the session has logged an explicit ``turn/start`` / ``turn/end``;
+- ``claim`` (dict | None): the armed shadow-price claim
+  ``{"seq", "type", "compactionId", "shadowedSeqs", "shadowedTokenCount"}``;
+- ``openStartTs`` (int | None): ``ts`` of the open compaction's ``compaction/start``;
+- ``enclosureFlagged`` (bool): ``turn.enclosure`` already reported for the open compaction;
+- ``droppedCompactions`` (int): closed compactions trimmed from ``record.compactions`` (the
+  record keeps the newest ``MAX_COMPACTIONS``; totals stay cumulative).
+
+Turn model
+----------
+The seed says a numbered ``compaction/start`` owner is strictly enclosed by the open turn, and
+``turn: null`` marks a standalone manual compaction between turns. We track the open turn from:
+
+- ``turn/start`` events (data ``{"turn": n}``, usually as the GenericEvent ``json`` string): turn
+  *n* is open;
+- ``turn/end`` events: no turn is open;
+- surface *appends* carrying a numbered ``turn`` T: turn T is open (implicitly ending a different
+  previous turn) — for producers that do not log explicit turn boundaries. Surface *replaces*
+  (compaction output) never move the turn.
+
+Checks: a numbered start must name the open turn (``turn.not_open``); a ``null`` start while a turn
+is open is ``turn.null_inside_turn`` — enforced only once the session has logged an explicit
+``turn/start``/``turn/end`` (without boundaries we cannot know that a turn is over, so we do not
+guess); the owning turn ending, or a different turn starting, while its compaction still holds the
+lock is ``turn.enclosure``; the end's owner (``turn``, ``sourceCommandId``) must equal the start's
+(``lock.owner_mismatch``).
+
+Lock model
+----------
+``compaction/start`` takes the lock until the matching ``compaction/end``. A second start while
+one is open is ``lock.second_start``; the lock then passes to the new compaction and the old one
+is closed as ``failed`` with error ``"abandoned: …"`` (a producer that crashed mid-compaction never
+ends it; this keeps one bad compaction from making every later one a violation). Abandonment is
+not counted in ``errorCount`` (which counts ends carrying ``error``).
+
+Shadow-price meter
+------------------
+``compaction/summary`` and ``compaction/prune`` arm a claim for ``shadowedSeqs`` at price
+``shadowedTokenCount``. The very next event processed must be the surface ``replace`` whose
+``sourceEventSeqs`` equal ``shadowedSeqs`` (same order): it settles the claim — tokensRemoved +=
+claim, tokensAdded += ``price_message(role, content)``, tokensSaved += the difference (may be
+negative). Any other event in between — including an ignorable one — expires the claim
+(``shadow.not_adjacent``); a replace of a different range is ``shadow.range_mismatch``; a replace
+with nothing armed is ``shadow.unclaimed_replace``. Seq gaps are not checked: "immediately follows"
+means "is the next event the consumer sees". A claim whose token count is invalid settles without
+touching the totals (its ``meter.bad_token_count`` was already reported).
+
+Duplicates and order
+--------------------
+The topic is keyed by ``session_id``, so one session's events arrive in producer order. An event
+with ``seq <= lastSeq`` is a redelivery (at-least-once after a crash) and is skipped: ``step``
+returns the *same* state object and no violations (``is_duplicate`` lets the caller count it).
+This makes reprocessing idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from .tokens import price_message
+
+MAX_COMPACTIONS = 256
+
+# rule id -> what it means. Stable: dashboards and the DLQ reason key on these ids.
+RULES: dict[str, str] = {
+    "lock.second_start": "compaction/start while another compaction holds the lock",
+    "lock.reused_id": "compaction/start reuses the id of an earlier compaction of this session",
+    "lock.end_not_open": "compaction/end for a compaction that is not the open one (unknown or already ended)",
+    "lock.owner_mismatch": "compaction/end's owner (turn, sourceCommandId) differs from its compaction/start",
+    "turn.not_open": "a numbered compaction owner is not the open turn",
+    "turn.null_inside_turn": "turn: null (between turns) while a turn is open",
+    "turn.enclosure": "the owning turn ended while its compaction still held the lock",
+    "summary.not_open": "compaction/summary for a compaction that is not open",
+    "summary.duplicate": "more than one compaction/summary for one compaction",
+    "summary.raw_output_missing": "llmStreamCall: true without rawOutput",
+    "end.missing_summary": "a successful compaction/end (no error) without a compaction/summary",
+    "meter.range_mismatch": "shadowedRange start/end are not the first/last of shadowedSeqs (or shadowedSeqs is empty)",
+    "meter.bad_token_count": "shadowedTokenCount is not a non-negative integer",
+    "shadow.not_adjacent": "the metering event was not immediately followed by its replacement (claim expired)",
+    "shadow.range_mismatch": "a replace of a different range than the armed claim's shadowedSeqs",
+    "shadow.unclaimed_replace": "a surface replace with no armed shadow-price claim",
+    "event.unknown_type": "an unknown, non-ignorable event type",
+    "event.malformed": "an event whose envelope or data cannot be interpreted",
+    "event.session_mismatch": "an event of another session was routed to this session's state",
+}
+
+COMPACTION_TYPES = ("compaction/start", "compaction/summary", "compaction/end", "compaction/prune")
+TURN_START = "turn/start"
+TURN_END = "turn/end"
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    message: str
+    session_id: str
+    seq: int | None
+    event_type: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "message": self.message,
+            "sessionId": self.session_id,
+            "seq": self.seq,
+            "eventType": self.event_type,
+        }
+
+    def __str__(self) -> str:  # the DLQ "reason"
+        return f"{self.rule}: {self.message}"
+
+
+# --------------------------------------------------------------------------------------------
+# state
+
+
+def new_state(session_id: str) -> dict[str, Any]:
+    return {
+        "record": {
+            "sessionId": session_id,
+            "lastSeq": -1,
+            "openCompactionId": None,
+            "compactions": [],
+            "tokensRemoved": 0,
+            "tokensAdded": 0,
+            "tokensSaved": 0,
+            "violationCount": 0,
+            "errorCount": 0,
+        },
+        "internal": {
+            "openTurn": None,
+            "turnBoundaries": False,
+            "claim": None,
+            "openStartTs": None,
+            "enclosureFlagged": False,
+            "droppedCompactions": 0,
+        },
+    }
+
+
+def to_record(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``memstream.session.CompactionLedger`` record (a fresh deep copy)."""
+    return json.loads(json.dumps(state["record"]))
+
+
+def is_duplicate(state: Mapping[str, Any] | None, event: Mapping[str, Any]) -> bool:
+    """True when ``step`` would skip ``event`` as an already-processed seq."""
+    if state is None or not isinstance(event, Mapping):
+        return False
+    seq = event.get("seq")
+    return _is_int(seq) and seq <= state["record"]["lastSeq"]
+
+
+def _new_compaction(cid: str, source_command_id: Any, turn: Any, seq: int) -> dict[str, Any]:
+    return {
+        "compactionId": cid,
+        "sourceCommandId": source_command_id,
+        "turn": turn,
+        "startSeq": seq,
+        "summarySeq": None,
+        "endSeq": None,
+        "shadowedRange": None,
+        "shadowedSeqs": [],
+        "shadowedTokenCount": None,
+        "summaryTokens": None,
+        "provider": None,
+        "model": None,
+        "maxTokens": None,
+        "usage": None,
+        "durationMs": None,
+        "error": None,
+        "status": "open",
+    }
+
+
+class _Ctx:
+    """Copy-on-write working copy of a state for one step, plus the violations found."""
+
+    def __init__(self, state: Mapping[str, Any], event: Mapping[str, Any]):
+        self.rec = dict(state["record"])
+        self.rec["compactions"] = list(self.rec["compactions"])
+        self.internal = dict(state["internal"])
+        self.violations: list[Violation] = []
+        seq = event.get("seq") if isinstance(event, Mapping) else None
+        typ = event.get("type") if isinstance(event, Mapping) else None
+        self.seq = seq if _is_int(seq) else None
+        self.type = typ if isinstance(typ, str) else None
+
+    def violate(self, rule: str, message: str) -> None:
+        assert rule in RULES, rule
+        self.violations.append(Violation(rule, message, self.rec["sessionId"], self.seq, self.type))
+
+    def find(self, cid: Any) -> int | None:
+        comps = self.rec["compactions"]
+        for i in range(len(comps) - 1, -1, -1):
+            if comps[i]["compactionId"] == cid:
+                return i
+        return None
+
+    def entry(self, idx: int) -> dict[str, Any]:
+        """The compaction at ``idx``, copied so that it may be modified."""
+        e = dict(self.rec["compactions"][idx])
+        self.rec["compactions"][idx] = e
+        return e
+
+    def result(self) -> tuple[dict[str, Any], list[Violation]]:
+        self.rec["violationCount"] += len(self.violations)
+        return {"record": self.rec, "internal": self.internal}, self.violations
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_int_list(v: Any) -> bool:
+    return isinstance(v, list) and all(_is_int(x) for x in v)
+
+
+def _data(event: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The event's data as a dict: the Avro union branch, a ``(name, dict)`` pair
+    (fastavro ``return_record_name``) or a GenericEvent whose ``json`` is decoded."""
+    data = event.get("data")
+    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[1], Mapping):
+        data = data[1]
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        return None
+    if set(data.keys()) == {"json"}:
+        raw = data.get("json")
+        if raw is None:
+            return {}
+        try:
+            decoded = json.loads(raw)
+        except (TypeError, ValueError):
+            return None
+        return decoded if isinstance(decoded, dict) else None
+    return dict(data)
+
+
+def _is_surface(data: Mapping[str, Any]) -> bool:
+    return "role" in data and "content" in data
+
+
+def _range_ok(data: Mapping[str, Any]) -> bool:
+    seqs = data.get("shadowedSeqs")
+    rng = data.get("shadowedRange")
+    if not seqs or not isinstance(rng, Mapping):
+        return False
+    return rng.get("start") == seqs[0] and rng.get("end") == seqs[-1] and _is_int(rng.get("start")) and _is_int(rng.get("end"))
+
+
+def _count_ok(v: Any) -> bool:
+    return _is_int(v) and v >= 0
+
+
+def _trim(ctx: _Ctx) -> None:
+    comps = ctx.rec["compactions"]
+    while len(comps) > MAX_COMPACTIONS:
+        idx = next((i for i, c in enumerate(comps) if c["status"] != "open"), None)
+        if idx is None:
+            break
+        del comps[idx]
+        ctx.internal["droppedCompactions"] += 1
+
+
+# --------------------------------------------------------------------------------------------
+# the reducer
+
+
+def step(state: Mapping[str, Any] | None, event: Mapping[str, Any]) -> tuple[dict[str, Any], list[Violation]]:
+    """Fold one SessionEvent into the session state. Never raises on bad input."""
+    if state is None:
+        sid = event.get("sessionId") if isinstance(event, Mapping) else None
+        state = new_state(sid if isinstance(sid, str) else "")
+    if not isinstance(event, Mapping) or not _is_int(event.get("seq")):
+        ctx = _Ctx(state, event if isinstance(event, Mapping) else {})
+        ctx.violate("event.malformed", "event has no integer seq; it cannot be placed in the session log")
+        return ctx.result()
+    seq = event["seq"]
+    if seq <= state["record"]["lastSeq"]:
+        return state, []  # redelivered / already processed: idempotent skip
+
+    ctx = _Ctx(state, event)
+    sid = event.get("sessionId")
+    if sid != ctx.rec["sessionId"]:
+        ctx.violate("event.session_mismatch", f"event of session {sid!r} routed to session {ctx.rec['sessionId']!r}")
+        return ctx.result()
+    ctx.rec["lastSeq"] = seq
+
+    typ = ctx.type
+    data = _data(event)
+    if typ is None or data is None:
+        _expire_claim(ctx)
+        ctx.violate("event.malformed", "event has no string type" if typ is None else f"{typ} data is not an object")
+        return ctx.result()
+
+    surface = _is_surface(data)
+    is_replace = surface and data.get("surfaceOp") == "replace"
+
+    # The shadow-price claim only survives until the next event.
+    claim = ctx.internal["claim"]
+    if claim is not None:
+        ctx.internal["claim"] = None
+        if is_replace:
+            _settle(ctx, claim, data)
+            return ctx.result()
+        ctx.violate(
+            "shadow.not_adjacent",
+            f"{claim['type']} at seq {claim['seq']} was followed by {typ} at seq {seq}, not by its replacement; claim expired",
+        )
+    elif is_replace:
+        ctx.violate("shadow.unclaimed_replace", f"replace of seqs {data.get('sourceEventSeqs')} with no armed metering event")
+        return ctx.result()
+
+    ts = event.get("ts")
+    if typ == "compaction/start":
+        _on_start(ctx, data, ts)
+    elif typ == "compaction/summary":
+        _on_summary(ctx, data)
+    elif typ == "compaction/end":
+        _on_end(ctx, data, ts)
+    elif typ == "compaction/prune":
+        _on_prune(ctx, data)
+    elif typ == TURN_START:
+        _on_turn_start(ctx, data)
+    elif typ == TURN_END:
+        _on_turn_end(ctx)
+    elif surface:
+        _on_surface_append(ctx, data)
+    elif not event.get("ignorable", False):
+        ctx.violate("event.unknown_type", f"unknown event type {typ!r} is not marked ignorable")
+    return ctx.result()
+
+
+def replay(events: Iterable[Mapping[str, Any]], state: Mapping[str, Any] | None = None) -> tuple[dict[str, Any] | None, list[Violation]]:
+    """Fold events (in the given order) and collect every violation."""
+    out: list[Violation] = []
+    for ev in events:
+        state, vs = step(state, ev)
+        out.extend(vs)
+    return state, out  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------------------------
+# handlers
+
+
+def _expire_claim(ctx: _Ctx) -> None:
+    claim = ctx.internal["claim"]
+    if claim is not None:
+        ctx.internal["claim"] = None
+        ctx.violate("shadow.not_adjacent", f"{claim['type']} at seq {claim['seq']} was not followed by its replacement; claim expired")
+
+
+def _settle(ctx: _Ctx, claim: Mapping[str, Any], data: Mapping[str, Any]) -> None:
+    seqs = data.get("sourceEventSeqs")
+    if list(seqs or []) != list(claim["shadowedSeqs"]):
+        ctx.violate(
+            "shadow.range_mismatch",
+            f"replace of seqs {seqs} while the {claim['type']} at seq {claim['seq']} priced seqs {claim['shadowedSeqs']}",
+        )
+        return
+    content = data.get("content")
+    price = price_message(data.get("role"), content if isinstance(content, list) else [])
+    claimed = claim["shadowedTokenCount"]
+    if claim["compactionId"] is not None:
+        idx = ctx.find(claim["compactionId"])
+        if idx is not None:
+            ctx.entry(idx)["summaryTokens"] = price
+    if not _count_ok(claimed):
+        return
+    ctx.rec["tokensRemoved"] += claimed
+    ctx.rec["tokensAdded"] += price
+    ctx.rec["tokensSaved"] += claimed - price
+
+
+def _check_turn_change(ctx: _Ctx, new_turn: int | None) -> None:
+    """A different turn is starting (or the turn is ending): check enclosure."""
+    open_id = ctx.rec["openCompactionId"]
+    if open_id is None or ctx.internal["enclosureFlagged"]:
+        return
+    idx = ctx.find(open_id)
+    owner = ctx.rec["compactions"][idx]["turn"] if idx is not None else None
+    if owner is not None and owner != new_turn:
+        ctx.internal["enclosureFlagged"] = True
+        what = "ended" if new_turn is None else f"was followed by turn {new_turn}"
+        ctx.violate("turn.enclosure", f"turn {owner} {what} while its compaction {open_id!r} still held the lock")
+
+
+def _turn_of(data: Mapping[str, Any]) -> tuple[bool, int | None]:
+    turn = data.get("turn")
+    return (turn is None or _is_int(turn)), turn
+
+
+def _on_turn_start(ctx: _Ctx, data: Mapping[str, Any]) -> None:
+    ok, turn = _turn_of(data)
+    if not ok or turn is None:
+        ctx.violate("event.malformed", "turn/start without an integer turn")
+        return
+    ctx.internal["turnBoundaries"] = True
+    if turn != ctx.internal["openTurn"]:
+        _check_turn_change(ctx, turn)
+    ctx.internal["openTurn"] = turn
+
+
+def _on_turn_end(ctx: _Ctx) -> None:
+    ctx.internal["turnBoundaries"] = True
+    _check_turn_change(ctx, None)
+    ctx.internal["openTurn"] = None
+
+
+def _on_surface_append(ctx: _Ctx, data: Mapping[str, Any]) -> None:
+    ok, turn = _turn_of(data)
+    if not ok:
+        ctx.violate("event.malformed", f"surface event turn {turn!r} is not an integer")
+        return
+    if turn is not None and turn != ctx.internal["openTurn"]:
+        _check_turn_change(ctx, turn)
+        ctx.internal["openTurn"] = turn
+
+
+def _on_start(ctx: _Ctx, data: Mapping[str, Any], ts: Any) -> None:
+    cid = data.get("compactionId")
+    ok, turn = _turn_of(data)
+    if not isinstance(cid, str) or not ok:
+        ctx.violate("event.malformed", "compaction/start needs a string compactionId and an integer or null turn")
+        return
+    open_id = ctx.rec["openCompactionId"]
+    if open_id is not None:
+        ctx.violate("lock.second_start", f"compaction {cid!r} started while compaction {open_id!r} holds the lock")
+        idx = ctx.find(open_id)
+        if idx is not None:
+            e = ctx.entry(idx)
+            e["status"] = "failed"
+            e["error"] = f"abandoned: lock taken by compaction {cid!r} at seq {ctx.seq}"
+    elif ctx.find(cid) is not None:
+        ctx.violate("lock.reused_id", f"compaction id {cid!r} was already used in this session")
+
+    open_turn = ctx.internal["openTurn"]
+    if turn is not None and turn != open_turn:
+        ctx.violate("turn.not_open", f"compaction {cid!r} is owned by turn {turn} but the open turn is {open_turn}")
+    elif turn is None and ctx.internal["turnBoundaries"] and open_turn is not None:
+        ctx.violate("turn.null_inside_turn", f"compaction {cid!r} has turn null while turn {open_turn} is open")
+
+    ctx.rec["compactions"].append(_new_compaction(cid, data.get("sourceCommandId"), turn, ctx.seq))
+    ctx.rec["openCompactionId"] = cid
+    ctx.internal["openStartTs"] = ts if _is_int(ts) else None
+    ctx.internal["enclosureFlagged"] = False
+    _trim(ctx)
+
+
+def _check_meter(ctx: _Ctx, data: Mapping[str, Any], what: str) -> bool:
+    """Shared checks of a metering event; False when it is too malformed to arm a claim."""
+    seqs = data.get("shadowedSeqs")
+    if not _is_int_list(seqs):
+        ctx.violate("event.malformed", f"{what} shadowedSeqs is not a list of integers")
+        return False
+    if not _range_ok(data):
+        ctx.violate(
+            "meter.range_mismatch",
+            f"{what} shadowedRange {data.get('shadowedRange')} does not match first/last of shadowedSeqs {seqs}",
+        )
+    if not _count_ok(data.get("shadowedTokenCount")):
+        ctx.violate("meter.bad_token_count", f"{what} shadowedTokenCount {data.get('shadowedTokenCount')!r} is not a non-negative integer")
+    return True
+
+
+def _arm(ctx: _Ctx, kind: str, data: Mapping[str, Any], cid: str | None) -> None:
+    ctx.internal["claim"] = {
+        "seq": ctx.seq,
+        "type": kind,
+        "compactionId": cid,
+        "shadowedSeqs": list(data["shadowedSeqs"]),
+        "shadowedTokenCount": data.get("shadowedTokenCount"),
+    }
+
+
+def _on_summary(ctx: _Ctx, data: Mapping[str, Any]) -> None:
+    cid = data.get("compactionId")
+    if not isinstance(cid, str):
+        ctx.violate("event.malformed", "compaction/summary needs a string compactionId")
+        return
+    if not _check_meter(ctx, data, "compaction/summary"):
+        return
+    if data.get("llmStreamCall") is True and data.get("rawOutput") is None:
+        ctx.violate("summary.raw_output_missing", f"summary of {cid!r} has llmStreamCall: true but no rawOutput")
+
+    open_id = ctx.rec["openCompactionId"]
+    if cid != open_id:
+        ctx.violate("summary.not_open", f"summary for compaction {cid!r} but the open compaction is {open_id!r}")
+    else:
+        idx = ctx.find(cid)
+        if idx is not None and ctx.rec["compactions"][idx]["summarySeq"] is not None:
+            first = ctx.rec["compactions"][idx]["summarySeq"]
+            ctx.violate("summary.duplicate", f"second summary for compaction {cid!r} (first at seq {first})")
+        elif idx is not None:
+            e = ctx.entry(idx)
+            e["summarySeq"] = ctx.seq
+            rng = data.get("shadowedRange")
+            e["shadowedRange"] = {"start": rng.get("start"), "end": rng.get("end")} if isinstance(rng, Mapping) else None
+            e["shadowedSeqs"] = list(data["shadowedSeqs"])
+            count = data.get("shadowedTokenCount")
+            e["shadowedTokenCount"] = count if _count_ok(count) else None
+            e["provider"] = data.get("provider")
+            e["model"] = data.get("model")
+            e["maxTokens"] = data.get("maxTokens") if _is_int(data.get("maxTokens")) else None
+            usage = data.get("usage")
+            e["usage"] = (
+                {k: usage.get(k) for k in ("inputTokens", "outputTokens", "totalTokens")}
+                if isinstance(usage, Mapping)
+                else None
+            )
+    # The replacement follows whatever the lock says: arm the claim regardless.
+    _arm(ctx, "compaction/summary", data, cid)
+
+
+def _on_prune(ctx: _Ctx, data: Mapping[str, Any]) -> None:
+    if _check_meter(ctx, data, "compaction/prune"):
+        _arm(ctx, "compaction/prune", data, None)
+
+
+def _on_end(ctx: _Ctx, data: Mapping[str, Any], ts: Any) -> None:
+    cid = data.get("compactionId")
+    ok, turn = _turn_of(data)
+    if not isinstance(cid, str) or not ok:
+        ctx.violate("event.malformed", "compaction/end needs a string compactionId and an integer or null turn")
+        return
+    open_id = ctx.rec["openCompactionId"]
+    if cid != open_id:
+        known = ctx.find(cid) is not None
+        ctx.violate(
+            "lock.end_not_open",
+            f"end of compaction {cid!r} ({'already closed' if known else 'never started'}); open compaction is {open_id!r}",
+        )
+        return
+    idx = ctx.find(cid)
+    assert idx is not None
+    e = ctx.entry(idx)
+    if turn != e["turn"] or data.get("sourceCommandId") != e["sourceCommandId"]:
+        ctx.violate(
+            "lock.owner_mismatch",
+            f"end of {cid!r} owned by (turn={turn}, command={data.get('sourceCommandId')!r}) but started by "
+            f"(turn={e['turn']}, command={e['sourceCommandId']!r})",
+        )
+    e["endSeq"] = ctx.seq
+    start_ts = ctx.internal["openStartTs"]
+    e["durationMs"] = ts - start_ts if _is_int(ts) and _is_int(start_ts) else None
+    error = data.get("error")
+    if error is not None:
+        e["status"] = "failed"
+        e["error"] = str(error)
+        ctx.rec["errorCount"] += 1
+    else:
+        e["status"] = "succeeded"
+        if e["summarySeq"] is None:
+            ctx.violate("end.missing_summary", f"compaction {cid!r} ended successfully without a summary")
+    ctx.rec["openCompactionId"] = None
+    ctx.internal["openStartTs"] = None
+    ctx.internal["enclosureFlagged"] = False
