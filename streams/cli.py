@@ -17,10 +17,11 @@ EXIT_ERROR = 2
 
 # Error types a user can act on: reported in one line. Filled lazily (modules import heavy deps).
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from .demo import DemoError
     from .devstack import StackError
     from .topics import TopicError
 
-    errors: list[type[BaseException]] = [SettingsError, StackError, TopicError, FileNotFoundError]
+    errors: list[type[BaseException]] = [SettingsError, StackError, TopicError, DemoError, FileNotFoundError]
     try:
         from .wire import WireFormatError
 
@@ -104,6 +105,29 @@ def _schemas(args: argparse.Namespace, s: Settings) -> int:
     return compat.run_check()
 
 
+def _generate(args: argparse.Namespace, s: Settings) -> int:
+    from . import generate
+
+    kinds = tuple(args.kinds.split(",")) if args.kinds else generate.KINDS
+    unknown = set(kinds) - set(generate.KINDS)
+    if unknown:
+        raise SettingsError(f"unknown --kinds {', '.join(sorted(unknown))}; choose from {', '.join(generate.KINDS)}")
+    items = generate.generate(seed=args.seed, users=args.users, kinds=kinds)
+    if args.produce:
+        n = generate.produce(items, s)
+        print(f"produced {n} records to {s.broker}")
+    else:
+        generate.write_jsonl(items, args.out)
+        print(f"wrote {len(items)} records to {args.out}")
+    return 0
+
+
+def _demo(args: argparse.Namespace, s: Settings) -> int:
+    from . import demo
+
+    return demo.run(s)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "dev": _dev,
     "topics": _topics,
@@ -111,6 +135,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "settings": _settings,
     "worker": _worker,
     "schemas": _schemas,
+    "generate": _generate,
+    "demo": _demo,
 }
 
 
@@ -146,6 +172,16 @@ def build_parser() -> argparse.ArgumentParser:
     sch = sub.add_parser("schemas", help="schema operations")
     sch_sub = sch.add_subparsers(dest="schemas_cmd", required=True)
     sch_sub.add_parser("check", help="prove every schema compatible with its released versions")
+
+    gen = sub.add_parser("generate", help="write a deterministic sample stream of every input record type")
+    gen.add_argument("--seed", type=int, default=7)
+    gen.add_argument("--users", type=int, default=5, help="number of users (motebit ids)")
+    gen.add_argument("--kinds", help="comma-separated subset of memory,negotiator,sessions,graphs,garbage")
+    where = gen.add_mutually_exclusive_group()
+    where.add_argument("--out", default="sample.jsonl", help="JSON-lines file (default sample.jsonl)")
+    where.add_argument("--produce", action="store_true", help="produce straight into the input topics")
+
+    sub.add_parser("demo", help="start the stack, run a worker on sample data, show what came out")
     return p
 
 

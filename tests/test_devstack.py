@@ -6,7 +6,7 @@ nothing is left behind, without disturbing the session's stack.
 
 from __future__ import annotations
 
-import os
+import fcntl
 import socket
 from pathlib import Path
 
@@ -36,7 +36,17 @@ def _pids() -> list[int]:
     return [int(p.read_text()) for p in stack.glob("*.pid")]
 
 
-def test_up_is_idempotent_topics_apply_reports_drift_and_down_leaves_nothing():
+@pytest.fixture
+def own_stack_lock():
+    """Serializes this test across concurrent test sessions (it owns ports 39092/38081)."""
+    path = ROOT / ".memstream" / "devstack-test.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def test_up_is_idempotent_topics_apply_reports_drift_and_down_leaves_nothing(own_stack_lock):
     memstream("dev", "down", "--wipe", env=OWN, check=False)
     first = memstream("dev", "up", env=OWN)
     assert "stack up" in first.stdout

@@ -1,0 +1,58 @@
+"""graph.events.v1 → graph.state.v1: per-graph execution state (rules in streams/graphs/state.py).
+
+State lives in the `graph-state` table keyed by `graphId` (the message key, so the table's
+changelog partition is the source partition). A timer re-evaluates stall flags on the graphs of
+this worker's partitions and republishes the graphs whose flags changed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from .. import catalog
+from ..app import Rejected
+from ..graphs import state as graph_state
+
+if TYPE_CHECKING:
+    from ..app import Runtime
+
+EVENT_ID_HEADER = "memstream.event_id"
+SOURCES = [catalog.GRAPH_EVENTS]
+
+
+def register(rt: "Runtime") -> None:
+    app, s = rt.app, rt.settings
+    table = rt.table("graph-state")
+
+    async def handle(event, key: str, record: dict) -> None:
+        if record.get("graphId") != key:
+            raise Rejected(f"record graphId {record.get('graphId')!r} differs from its key {key!r}", "graph.key_mismatch")
+        headers = dict(event.message.headers or [])
+        event_id = headers.get(EVENT_ID_HEADER)
+        old = table.get(key)
+        try:
+            new = graph_state.apply(old, record, s.graph_stall_ms, event_id=event_id.decode() if event_id else None)
+        except graph_state.GraphEventError as exc:
+            raise Rejected(str(exc), "graph.invalid_event") from None
+        if new is old:
+            rt.count("duplicate:graph.events.v1")
+            return
+        table[key] = new
+        await rt.send(catalog.GRAPH_STATE, key, graph_state.to_record(new))
+
+    @app.agent(rt.inputs[catalog.GRAPH_EVENTS], name="graph-state-agent")
+    async def graph_state_agent(stream):
+        async for event in stream.events():
+            await rt.guard(event, handle)
+
+    @app.timer(s.timer_interval_s, name="graph-stall-timer")
+    async def stall_timer():
+        now = int(time.time() * 1000)
+        for key, st in list(table.items()):
+            if st is None:
+                continue
+            marked = graph_state.mark_stalled(st, now, s.graph_stall_ms)
+            if graph_state.stalled_nodes(marked) != graph_state.stalled_nodes(st):
+                table[key] = marked
+                await rt.send(catalog.GRAPH_STATE, key, graph_state.to_record(marked))

@@ -1,0 +1,162 @@
+"""The Faust app: topics from the catalog, codecs, tables, agents and web views, wired together.
+
+The shell is thin. Agents (in `streams/agents/`) decode a record, call the pure core, write
+tables and send results; this module gives them one `Runtime` with what they share:
+- input topics are read as raw bytes, so a record that cannot be decoded still has its original
+  bytes for the dead-letter topic (a Faust codec error would be logged and the record lost);
+- output topics write through the registered Avro codecs (`avro-<schema>`) with UTF-8 keys;
+- `dead_letter()` sends a refused record, with its reason, to `pipeline.dlq.v1`;
+- `guard()` runs a handler per event and turns any exception into a dead letter (an exception
+  escaping a Faust agent would ack the message and lose it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from typing import Any, Awaitable, Callable
+
+import faust
+
+from . import catalog, deadletter, faust_codecs
+from .settings import Settings
+from .wire import CodecFactory, RegistryError, WireFormatError, decode_key
+
+log = logging.getLogger("memstream")
+
+Handler = Callable[[faust.types.EventT, str, dict], Awaitable[None]]
+
+
+class Runtime:
+    """What every agent of one worker shares."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.codecs = CodecFactory.from_url(settings.registry_url)
+        self.codecs.register([t.name for t in catalog.topics()])  # once, at startup
+        faust_codecs.install(self.codecs)
+        self.worker_name = f"{socket.gethostname()}:{settings.web_port}"
+        self.app = faust.App(
+            settings.app_id,
+            broker=f"kafka://{settings.broker}",
+            store=settings.store,
+            datadir=settings.data_dir,
+            web_host=settings.web_host,
+            web_port=settings.web_port,
+            canonical_url=f"http://{_advertised_host(settings)}:{settings.web_port}",
+            topic_partitions=settings.partitions,
+            topic_replication_factor=settings.replication,
+            table_standby_replicas=settings.standby_replicas,
+            processing_guarantee="at_least_once",
+            consumer_auto_offset_reset="earliest",
+            autodiscover=False,
+            web_enabled=True,
+            key_serializer="raw",
+            value_serializer="raw",
+            producer_acks=-1,
+        )
+        self.inputs: dict[str, faust.TopicT] = {}
+        self.outputs: dict[str, faust.TopicT] = {}
+        for spec in catalog.topics():
+            if spec.direction == "in":
+                self.inputs[spec.name] = self.app.topic(
+                    spec.name, key_serializer="raw", value_serializer="raw", partitions=spec.partitions(settings))
+            else:
+                self.outputs[spec.name] = self.app.topic(
+                    spec.name,
+                    key_serializer="raw" if spec.name == catalog.DLQ else faust_codecs.KEY_CODEC,
+                    value_serializer=faust_codecs.codec_name(spec.value_schema),
+                    partitions=spec.partitions(settings),
+                )
+        self.stats: dict[str, int] = {}
+        self.tables: dict[str, faust.types.TableT] = {}
+
+    def table(self, name: str) -> faust.types.TableT:
+        """A table keyed by the UTF-8 message key (same bytes as the source key, so its changelog
+        partition, `table_route` and the source partition agree), values stored as JSON."""
+        table = self.app.Table(
+            name, default=None, partitions=self.settings.partitions,
+            schema=faust.Schema(key_serializer=faust_codecs.KEY_CODEC, value_serializer="json"),
+        )
+        self.tables[name] = table
+        return table
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.stats[name] = self.stats.get(name, 0) + n
+
+    def decoder(self, topic_name: str) -> Callable[[bytes], dict]:
+        return self.codecs.codec(catalog.topic(topic_name).value_schema).decode
+
+    async def send(self, topic_name: str, key: str, value: dict | None,
+                   headers: list[tuple[str, bytes]] | None = None) -> None:
+        await self.outputs[topic_name].send(key=key, value=value, headers=headers)
+        self.count(f"out:{topic_name}")
+
+    async def dead_letter(self, event: faust.types.EventT, stage: str, reason: str, error_class: str) -> None:
+        msg = event.message
+        origin = deadletter.Origin(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
+        record = deadletter.dead_letter(origin, stage=stage, reason=reason, error_class=error_class,
+                                        failed_at=int(time.time() * 1000), worker=self.worker_name)
+        await self.outputs[catalog.DLQ].send(key=msg.key, value=record, headers=deadletter.connect_headers(record))
+        self.count(f"dlq:{stage}")
+        log.info("dead-lettered %s[%s]@%s at %s: %s", msg.topic, msg.partition, msg.offset, stage, reason)
+
+    async def guard(self, event: faust.types.EventT, handler: Handler) -> None:
+        """Decode the event's key and value, run `handler`; every failure becomes a dead letter."""
+        msg = event.message
+        self.count(f"in:{msg.topic}")
+        try:
+            key = decode_key(msg.key)
+            record = await self._decode(msg.topic, msg.value)
+        except WireFormatError as exc:
+            await self.dead_letter(event, deadletter.STAGE_DECODE, str(exc), type(exc).__name__)
+            return
+        try:
+            await handler(event, key, record)
+        except Rejected as exc:
+            await self.dead_letter(event, exc.stage, exc.reason, exc.rule)
+        except Exception as exc:  # noqa: BLE001 - a bug must not lose the record or stop the worker
+            log.exception("handler failed on %s[%s]@%s", msg.topic, msg.partition, msg.offset)
+            await self.dead_letter(event, deadletter.STAGE_APPLY, f"{type(exc).__name__}: {exc}", type(exc).__name__)
+
+    async def _decode(self, topic: str, value: bytes | None) -> dict:
+        if value is None:
+            raise _NullValue(f"{topic} record has a null value; inputs never carry tombstones")
+        decode = self.decoder(topic)
+        delay = 0.5
+        while True:
+            try:
+                return decode(value)
+            except RegistryError as exc:  # not the record's fault: wait for the registry, keep the record
+                log.warning("schema registry unavailable (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+
+class _NullValue(WireFormatError):
+    """An input record with no value."""
+
+
+class Rejected(Exception):
+    """A valid record the pipeline refuses by rule; dead-lettered with the rule's name."""
+
+    def __init__(self, reason: str, rule: str = "rejected", stage: str = deadletter.STAGE_VALIDATE) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.rule = rule
+        self.stage = stage
+
+
+def _advertised_host(settings: Settings) -> str:
+    return socket.gethostname() if settings.web_host in ("0.0.0.0", "::") else settings.web_host
+
+
+def create_app(settings: Settings) -> faust.App:
+    """The memstream Faust app with every agent and view registered."""
+    rt = Runtime(settings)
+    from .agents import register_all
+
+    register_all(rt)
+    return rt.app

@@ -1,0 +1,42 @@
+"""Deterministic identifiers for everything the core derives (SPEC §4.2).
+
+Every derived id is a UUIDv5 under one fixed project namespace, of the user, the id of the
+input that caused it and the role of the derived thing (``"memory_formed"``, ``"node"``, …).
+Re-processing an input after a crash therefore yields the same ids instead of new duplicates,
+and downstream consumers can de-duplicate on ``event_id``. The user id is part of the name
+because input ids are only unique per ``motebit_id`` (SPEC §3.1); two users' derived ids never
+collide.
+
+The namespace is a constant: changing it changes every derived id, i.e. it is part of the
+wire contract.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+#: uuid5(NAMESPACE_URL, "https://memstream.dev/ns/derived-ids/v1"), frozen as a literal.
+NAMESPACE = uuid.UUID("047b1799-3fa7-5926-a4da-9c0088dd91e1")
+
+_SEP = "\x1f"  # unit separator: cannot be confused with characters of ordinary ids
+
+
+def derive_id(motebit_id: str, source_id: str, role: str) -> str:
+    """UUIDv5 (string form) of (user, source id, role) under :data:`NAMESPACE`."""
+    if not isinstance(source_id, str) or not isinstance(role, str) or not isinstance(motebit_id, str):
+        raise TypeError("derive_id takes strings")
+    return str(uuid.uuid5(NAMESPACE, f"{motebit_id}{_SEP}{source_id}{_SEP}{role}"))
+
+
+def node_id_for(motebit_id: str, candidate_id: str) -> str:
+    """The id of the node a candidate forms (accept or supersede)."""
+    return derive_id(motebit_id, candidate_id, "node")
+
+
+def event_id_for(motebit_id: str, source_id: str, event_type: str) -> str:
+    """The id of a derived ledger event of ``event_type`` caused by ``source_id``."""
+    return derive_id(motebit_id, source_id, event_type)
+
+
+def quarantine_id_for(motebit_id: str, candidate_id: str) -> str:
+    return derive_id(motebit_id, candidate_id, "quarantine")

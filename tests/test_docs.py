@@ -1,0 +1,51 @@
+"""README's generated tables, the AsyncAPI document and docker-compose.yml agree with the code."""
+
+from __future__ import annotations
+
+import json
+import yaml
+from pathlib import Path
+
+from streams import asyncapi, catalog, readme
+from streams.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_readme_tables_match_the_code():
+    text = readme.README.read_text()
+    assert readme.render(text) == text, "README tables are stale: run `python -m streams.readme`"
+    for t in catalog.topics():
+        assert f"| `{t.name}` |" in text
+
+
+def test_asyncapi_document_has_every_topic_with_its_binding():
+    doc = json.loads(asyncapi.render(Settings(partitions=3)))
+    assert doc["asyncapi"] == "3.0.0"
+    addresses = {c["address"]: c for c in doc["channels"].values()}
+    assert set(addresses) == {t.name for t in catalog.topics()}
+    nodes = addresses["memory.nodes.v1"]["bindings"]["kafka"]
+    assert nodes["partitions"] == 3 and nodes["topicConfiguration"]["cleanup.policy"] == ["compact"]
+    dlq = addresses["pipeline.dlq.v1"]["bindings"]["kafka"]["topicConfiguration"]
+    assert dlq["retention.ms"] == 30 * catalog.DAY_MS
+    actions = {op["channel"]["$ref"].split("/")[-1]: op["action"] for op in doc["operations"].values()}
+    assert actions["memory_events_v1"] == "receive" and actions["memory_ledger_v1"] == "send"
+    msg = doc["components"]["messages"]["memory_events_v1_message"]
+    assert msg["payload"]["schema"]["name"] == "MemoryEvent"
+    assert msg["payload"]["schemaFormat"].startswith("application/vnd.apache.avro")
+
+
+def test_docker_compose_parses_names_services_and_only_real_settings():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert set(services) == {"kafka", "registry", "topics", "worker"}
+    assert services["topics"]["command"] == ["topics", "apply"]
+    assert services["worker"]["command"] == ["worker"]
+    assert services["worker"]["depends_on"]["topics"]["condition"] == "service_completed_successfully"
+    known = {var for var, _d, _doc in Settings.documentation()}
+    for name in ("topics", "worker"):
+        env = services[name]["environment"]
+        assert set(env) <= known, set(env) - known
+        settings = Settings.from_env(env)  # every value parses into the settings object
+        assert settings.broker == "kafka:9092"
+    assert "ports" not in services["worker"], "a fixed host port would stop --scale worker=N"
