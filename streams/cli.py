@@ -54,6 +54,8 @@ def _topics(args: argparse.Namespace, s: Settings) -> int:
         print(f"created  {name}")
     for name in report.existing:
         print(f"exists   {name}")
+    if report.subjects:
+        print(f"registry: {len(report.subjects)} subjects at {topics.COMPATIBILITY}, current schemas registered")
     for d in report.drift:
         print(f"DRIFT    {d}", file=sys.stderr)
     if not report.ok:

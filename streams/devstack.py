@@ -309,7 +309,9 @@ def _start_registry(s: Settings, app: Path) -> float:
     host, port = s.registry_host_port
     argv = [java, "-Xms128m", "-Xmx512m",
             f"-Dquarkus.http.port={port}", f"-Dquarkus.http.host={host}",
-            "-Dquarkus.management.enabled=false",  # else every registry wants :9000
+            # the management interface (health, metrics) is on by default at :9000: give each
+            # registry its own port next to its HTTP port so several can run side by side
+            f"-Dquarkus.management.host={host}", f"-Dquarkus.management.port={port + 1}",
             "-Dquarkus.log.level=WARN", "-Dquarkus.banner.enabled=false",
             "-jar", str(app / "quarkus-run.jar")]
     pid = _spawn(REGISTRY, s, argv, Path(s.stack_dir).resolve())
@@ -340,8 +342,10 @@ def up(s: Settings) -> int:
         _say(f"kafka ready after {t:.1f}s")
     if app is not None and REGISTRY.pid(s) is None:
         host, port = s.registry_host_port
-        if not _port_free(host, port):
-            raise StackError(f"port {host}:{port} is taken by another process; stop it or set MEMSTREAM_REGISTRY_URL")
+        for p in (port, port + 1):
+            if not _port_free(host, p):
+                raise StackError(f"port {host}:{p} is taken by another process; stop it or set MEMSTREAM_REGISTRY_URL "
+                                 "(the registry uses its port and the next one)")
         _say(f"starting Apicurio Registry {s.apicurio_version} on {s.registry_url}")
         t = _start_registry(s, app)
         _say(f"registry ready after {t:.1f}s")

@@ -8,7 +8,7 @@ partition count or cleanup policy differs from the catalog is reported, never si
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
@@ -31,11 +31,15 @@ class Drift:
         return f"{self.topic}: {self.what} is {self.actual}, catalog says {self.expected}"
 
 
+COMPATIBILITY = "FULL_TRANSITIVE"  # why: README "Records and wire format"
+
+
 @dataclass
 class ApplyReport:
     created: list[str]
     existing: list[str]
     drift: list[Drift]
+    subjects: dict[str, int] = field(default_factory=dict)  # subject -> schema id
 
     @property
     def ok(self) -> bool:
@@ -70,7 +74,29 @@ def apply(settings: Settings, admin: AdminClient | None = None, timeout: float =
                     continue
                 raise TopicError(f"could not create {name}: {exc}") from None
     drift = _drift(settings, admin, existing, timeout)
-    return ApplyReport(created=created, existing=[t.name for t in existing], drift=drift)
+    subjects = apply_registry(settings) if settings.registry_url else {}
+    return ApplyReport(created=created, existing=[t.name for t in existing], drift=drift, subjects=subjects)
+
+
+def apply_registry(settings: Settings) -> dict[str, int]:
+    """Set every memstream subject (`<topic>-value`) to FULL_TRANSITIVE, then register the current
+    schema under it: the registry itself then refuses any later incompatible version."""
+    from .wire import CodecFactory, RegistryError
+
+    factory = CodecFactory.from_url(settings.registry_url)
+    out: dict[str, int] = {}
+    for spec in catalog.topics():
+        subject = f"{spec.name}-value"
+        try:
+            factory.registry.set_compatibility(subject_name=subject, level=COMPATIBILITY)
+        except Exception as exc:  # noqa: BLE001 - registry unreachable or refusing
+            raise TopicError(f"could not set {COMPATIBILITY} on subject {subject} at {settings.registry_url}: {exc}") from None
+        try:
+            out[subject] = factory.register([spec.name])[spec.name]
+        except RegistryError as exc:
+            raise TopicError(f"{exc}; the schema in schemas/{spec.value_schema}.avsc is not {COMPATIBILITY} "
+                             "with what the registry holds") from None
+    return out
 
 
 def _drift(settings: Settings, admin: AdminClient, specs: list[catalog.TopicSpec], timeout: float) -> list[Drift]:

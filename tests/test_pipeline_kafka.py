@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from streams import catalog
 
+from .conftest import ROOT
 from .kafka_util import consume, produce, worker
 
 pytestmark = pytest.mark.kafka
@@ -58,3 +62,14 @@ def test_worker_materializes_graph_state_and_dead_letters_garbage(stack, unique)
     assert "unknown magic byte" in letter["value"]["reason"] and "JSON" in letter["value"]["reason"]
     assert letter["headers"]["__connect.errors.topic"] == catalog.GRAPH_EVENTS.encode()
     assert letter["headers"]["__connect.errors.stage"] == b"decode"
+
+
+def test_topics_apply_makes_the_registry_refuse_incompatible_schemas(stack):
+    client = SchemaRegistryClient({"url": stack.registry_url})
+    for spec in catalog.topics():
+        assert client.get_compatibility(f"{spec.name}-value") == "FULL_TRANSITIVE"
+    schema = json.loads((ROOT / "schemas" / "graph_event.avsc").read_text())
+    schema["fields"].append({"name": "required_without_default", "type": "string", "doc": "breaks BACKWARD"})
+    with pytest.raises(SchemaRegistryError) as refused:
+        client.register_schema(f"{catalog.GRAPH_EVENTS}-value", Schema(json.dumps(schema), "AVRO"))
+    assert refused.value.http_status_code == 409
