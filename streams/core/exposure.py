@@ -1,0 +1,61 @@
+"""The exposure gate (SPEC §4.5).
+
+An instruction-form candidate (the ONE predicate :func:`~streams.core.hints.is_instruction_entry`)
+that the user did not state (``source != "user_stated"``, which includes an absent or
+unknown source) is held on ``memory.quarantine.v1`` instead of being formed. Every other
+candidate goes on to consolidation; instruction-form ones are formed with
+``instruction_form=True`` on the node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .hints import HeaderHints, hints_record, is_instruction_entry, read_header_hints
+from .ids import quarantine_id_for
+from .ingest import CANDIDATE_FIELDS
+
+TRUSTED_INSTRUCTION_SOURCE = "user_stated"
+
+
+@dataclass(frozen=True)
+class GateResult:
+    instruction_form: bool
+    quarantine: bool
+    hints: HeaderHints = field(default_factory=dict)  # type: ignore[assignment]
+    reason: str | None = None
+
+
+def exposure_gate(candidate: Mapping[str, Any]) -> GateResult:
+    extra = candidate.get("extra")
+    hints = read_header_hints(extra)
+    instruction = is_instruction_entry(candidate.get("frontmatter_type"), extra)
+    if not instruction:
+        return GateResult(False, False, hints)
+    if candidate.get("source") == TRUSTED_INSTRUCTION_SOURCE:
+        return GateResult(True, False, hints)
+    declared = []
+    if candidate.get("frontmatter_type") == "feedback":
+        declared.append("type feedback")
+    for key, label in (("pinned", "pinned"), ("triggers", "triggers"), ("appliesWhen", "applies-when")):
+        if hints.get(key):
+            declared.append(label)
+    reason = (
+        f"instruction-form entry ({', '.join(declared)}) from source "
+        f"{candidate.get('source') or 'absent'}, not user_stated"
+    )
+    return GateResult(True, True, hints, reason)
+
+
+def quarantine_entry(candidate: Mapping[str, Any], gate: GateResult) -> dict[str, Any]:
+    """The QuarantineEntry record (deterministic ``entry_id``; ``quarantined_at`` = the
+    candidate's event time)."""
+    return {
+        "entry_id": quarantine_id_for(candidate["motebit_id"], candidate["candidate_id"]),
+        "motebit_id": candidate["motebit_id"],
+        "candidate": {f: candidate.get(f) for f in CANDIDATE_FIELDS},
+        "reason": gate.reason or "instruction-form entry not stated by the user",
+        "hints": hints_record(gate.hints),
+        "quarantined_at": int(candidate["timestamp"]),
+    }

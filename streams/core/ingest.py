@@ -1,0 +1,461 @@
+"""Ingest: validation of incoming memory events and candidates, de-duplication, ordering.
+
+Validation never raises on bad data: it returns a :class:`Rejection` with a machine-readable
+``code`` and a readable ``detail`` (the dead-letter ``reason``). Rules (SPEC §3, §4.1):
+
+* a ``memory_formed`` event or a candidate without ``sensitivity`` is rejected — fail closed,
+  never defaulted to ``none``; a sensitivity outside the vocabulary is rejected too;
+* missing / empty ids (``event_id``, ``motebit_id``, ``node_id``, ``candidate_id``),
+  a missing timestamp, empty content, ``confidence`` outside 0..1 (or not a number),
+  an unknown ``event_type`` or consolidation ``action`` are rejected;
+* an unknown ``source`` degrades to absent (``None``) — never a rejection;
+* an embedding that is not a list of finite numbers is rejected; an all-zero one is
+  treated as absent (cosine is undefined for it).
+
+De-duplication (:class:`DedupWindow`): ids are remembered per user in a bounded window —
+at most ``max_ids`` ids and only those within ``horizon_ms`` of the newest timestamp seen.
+A re-delivery inside the window is dropped and counted. Bounding is deliberate: Kafka
+re-delivers within the uncommitted window (seconds to minutes) and topics keep 7 days; an
+unbounded set would grow forever per user. Older re-sends fall back on the idempotency of
+the core (deterministic ids; formation of an existing or deleted node id is refused).
+
+Ordering: within a key, records are applied in ``(timestamp, version_clock, event_id)``
+order (:func:`event_sort_key`). :class:`ReorderBuffer` holds records for up to
+``max_delay_ms`` of event time and releases them sorted. Policy for late records (older
+than something already released): they are released at once — never dropped, nothing
+disappears — flagged ``late``, and counted; the state updates they make are order-insensitive
+(latest ``memory_pinned`` wins by this same sort key, ``last_accessed_at`` is a max, counts
+add, deletion is permanent and a deleted node id can never form again), so a late record
+lands in the state it would have produced in order.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from .similarity import usable_embedding
+from .vocabulary import (
+    EVENT_TYPES,
+    MEMORY_TYPES,
+    is_sensitivity,
+    normalize_source,
+    try_normalize_action,
+)
+
+#: The sentinel that replaces redacted content on the wire (seed memory-events).
+REDACTED_CONTENT = "[REDACTED]"
+
+CANDIDATE_FIELDS: tuple[str, ...] = (
+    "candidate_id",
+    "motebit_id",
+    "content",
+    "sensitivity",
+    "source",
+    "memory_type",
+    "confidence",
+    "valid_from",
+    "timestamp",
+    "embedding",
+    "frontmatter_type",
+    "extra",
+    "supersedes",
+    "kind",
+    "session_id",
+)
+
+ENVELOPE_FIELDS: tuple[str, ...] = (
+    "event_id",
+    "motebit_id",
+    "device_id",
+    "timestamp",
+    "version_clock",
+    "event_type",
+    "payload",
+)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a record was not applied.
+
+    ``dead_letter`` — True: invalid input, the shell sends it to ``pipeline.dlq.v1`` with
+    ``detail`` as the reason. False: a policy decision that is itself recorded (e.g. a
+    consolidation ``reject`` on the ledger).
+    ``redact_value`` — True when the original value must not be copied into the DLQ because
+    it carries content the user deleted (re-formation attempts of forgotten content)."""
+
+    code: str
+    detail: str
+    dead_letter: bool = True
+    redact_value: bool = False
+
+
+class Invalid(Exception):
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.rejection = Rejection(code, detail)
+
+
+# --------------------------------------------------------------------------------------------
+# Field readers
+# --------------------------------------------------------------------------------------------
+
+
+def _req_str(d: Mapping[str, Any], key: str, code: str | None = None) -> str:
+    v = d.get(key)
+    if not isinstance(v, str) or not v.strip():
+        raise Invalid(code or f"missing_{key}", f"{key} is missing or empty")
+    return v
+
+
+def _opt_str(d: Mapping[str, Any], key: str) -> str | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise Invalid(f"invalid_{key}", f"{key} must be a string, got {type(v).__name__}")
+    return v
+
+
+def _as_int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        return int(v)
+    return None
+
+
+def _req_int(d: Mapping[str, Any], key: str) -> int:
+    v = _as_int(d.get(key))
+    if v is None:
+        raise Invalid(f"missing_{key}" if d.get(key) is None else f"invalid_{key}", f"{key} must be an integer")
+    return v
+
+
+def _opt_int(d: Mapping[str, Any], key: str) -> int | None:
+    if d.get(key) is None:
+        return None
+    v = _as_int(d.get(key))
+    if v is None:
+        raise Invalid(f"invalid_{key}", f"{key} must be an integer (Unix ms)")
+    return v
+
+
+def _sensitivity(d: Mapping[str, Any], key: str = "sensitivity") -> str:
+    v = d.get(key)
+    if v is None:
+        raise Invalid("missing_sensitivity", "sensitivity is required (fail closed: never defaulted)")
+    if not is_sensitivity(v):
+        raise Invalid("invalid_sensitivity", f"sensitivity {v!r} is not a SensitivityLevel")
+    return v
+
+
+def _confidence(d: Mapping[str, Any], key: str, required: bool) -> float | None:
+    v = d.get(key)
+    if v is None:
+        if required:
+            raise Invalid(f"missing_{key}", f"{key} is required")
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise Invalid("invalid_confidence", f"{key} must be a number in 0..1")
+    if not 0.0 <= float(v) <= 1.0:
+        raise Invalid("confidence_out_of_range", f"{key}={v} is outside 0..1")
+    return float(v)
+
+
+def _embedding(d: Mapping[str, Any]) -> list[float] | None:
+    v = d.get("embedding")
+    if v is None:
+        return None
+    if isinstance(v, (str, bytes, Mapping)):
+        raise Invalid("invalid_embedding", "embedding must be an array of floats")
+    try:
+        values = [float(x) for x in v]
+        if any(isinstance(x, bool) for x in v):
+            raise TypeError
+    except (TypeError, ValueError):
+        raise Invalid("invalid_embedding", "embedding must be an array of floats") from None
+    if not all(math.isfinite(x) for x in values):
+        raise Invalid("invalid_embedding", "embedding holds NaN or infinity")
+    return values if usable_embedding(values) else None
+
+
+# --------------------------------------------------------------------------------------------
+# Candidates
+# --------------------------------------------------------------------------------------------
+
+
+def validate_candidate(raw: Any) -> tuple[dict[str, Any] | None, Rejection | None]:
+    """(normalized candidate with every CandidateMemory field, None) or (None, Rejection)."""
+    try:
+        if not isinstance(raw, Mapping):
+            raise Invalid("not_a_record", "candidate is not a record")
+        cand: dict[str, Any] = {
+            "candidate_id": _req_str(raw, "candidate_id"),
+            "motebit_id": _req_str(raw, "motebit_id"),
+        }
+        content = raw.get("content")
+        if not isinstance(content, str) or not content.strip():
+            raise Invalid("empty_content", "content is missing or empty")
+        cand["content"] = content
+        cand["sensitivity"] = _sensitivity(raw)
+        cand["source"] = normalize_source(raw.get("source"))
+        mt = raw.get("memory_type")
+        if mt is None:
+            mt = "semantic"
+        if mt not in MEMORY_TYPES:
+            raise Invalid("invalid_memory_type", f"memory_type {mt!r} is not episodic|semantic")
+        cand["memory_type"] = mt
+        cand["confidence"] = _confidence(raw, "confidence", required=False)
+        cand["valid_from"] = _opt_int(raw, "valid_from")
+        cand["timestamp"] = _req_int(raw, "timestamp")
+        cand["embedding"] = _embedding(raw)
+        cand["frontmatter_type"] = _opt_str(raw, "frontmatter_type")
+        extra = raw.get("extra")
+        if extra is not None and (isinstance(extra, (str, bytes, Mapping)) or not hasattr(extra, "__iter__")):
+            raise Invalid("invalid_extra", "extra must be an array of strings")
+        # non-string items are not header lines: the hint parser ignores them (never an error)
+        cand["extra"] = [x for x in extra if isinstance(x, str)] if extra is not None else None
+        cand["supersedes"] = _opt_str(raw, "supersedes")
+        cand["kind"] = _opt_str(raw, "kind")
+        cand["session_id"] = _opt_str(raw, "session_id")
+        return cand, None
+    except Invalid as e:
+        return None, e.rejection
+
+
+# --------------------------------------------------------------------------------------------
+# Memory events
+# --------------------------------------------------------------------------------------------
+
+
+def _payload(event_type: str, p: Mapping[str, Any]) -> dict[str, Any]:
+    if event_type == "memory_formed":
+        redacted = p.get("redacted") is True
+        reason = p.get("redacted_reason")
+        out = {
+            "node_id": _req_str(p, "node_id"),
+            "content": p.get("content"),
+            "sensitivity": _sensitivity(p),
+            "source": normalize_source(p.get("source")),
+            "redacted": True if redacted else None,
+            "redacted_sensitivity": p.get("redacted_sensitivity") if is_sensitivity(p.get("redacted_sensitivity")) else None,
+            "redacted_reason": "deleted" if reason == "deleted" else None,
+            "valid_from": _opt_int(p, "valid_from"),
+            "valid_until": _opt_int(p, "valid_until"),
+        }
+        if not isinstance(out["content"], str) or (not out["content"].strip() and not redacted):
+            raise Invalid("empty_content", "memory_formed content is missing or empty")
+        if (
+            out["valid_from"] is not None
+            and out["valid_until"] is not None
+            and out["valid_until"] < out["valid_from"]
+        ):
+            raise Invalid("invalid_validity", "valid_until is before valid_from")
+        return out
+    if event_type in ("memory_accessed", "memory_deleted"):
+        return {"node_id": _req_str(p, "node_id")}
+    if event_type == "memory_pinned":
+        pinned = p.get("pinned")
+        if not isinstance(pinned, bool):
+            raise Invalid("invalid_pinned", "memory_pinned needs a boolean pinned")
+        return {"node_id": _req_str(p, "node_id"), "pinned": pinned}
+    if event_type == "memory_consolidated":
+        action = try_normalize_action(p.get("action"))
+        if action is None:
+            raise Invalid("unknown_action", f"consolidation action {p.get('action')!r} is not in either vocabulary")
+        reason = p.get("reason")
+        return {
+            "action": action,
+            "existing_node_id": _opt_str(p, "existing_node_id"),
+            "new_node_id": _opt_str(p, "new_node_id"),
+            "reason": reason if isinstance(reason, str) else "",
+            "superseded_valid_until": _opt_int(p, "superseded_valid_until"),
+        }
+    if event_type == "memory_audit":
+        patterns = p.get("missed_patterns")
+        if patterns is None:
+            patterns = []
+        if isinstance(patterns, (str, bytes)) or not all(isinstance(x, str) for x in patterns):
+            raise Invalid("invalid_missed_patterns", "missed_patterns must be an array of strings")
+        msg = p.get("turn_message")
+        if not isinstance(msg, str):
+            raise Invalid("missing_turn_message", "memory_audit needs turn_message")
+        return {"missed_patterns": list(patterns), "turn_message": msg}
+    if event_type == "memory_promoted":
+        rc = _as_int(p.get("reinforcement_count"))
+        if rc is None or rc < 0:
+            raise Invalid("invalid_reinforcement_count", "reinforcement_count must be a non-negative integer")
+        reason = p.get("reason")
+        return {
+            "node_id": _req_str(p, "node_id"),
+            "from_confidence": _confidence(p, "from_confidence", required=True),
+            "to_confidence": _confidence(p, "to_confidence", required=True),
+            "reinforcement_count": rc,
+            "reason": reason if isinstance(reason, str) else "",
+        }
+    # memory_decayed: reserved, no payload shape may be assumed (seed)
+    return {}
+
+
+def validate_event(raw: Any) -> tuple[dict[str, Any] | None, Rejection | None]:
+    """(normalized MemoryEvent dict, None) or (None, Rejection).
+
+    Normalization: source degraded to absent when unknown, consolidation actions rewritten
+    into the wire vocabulary, payload reduced to its record's fields."""
+    try:
+        if not isinstance(raw, Mapping):
+            raise Invalid("not_a_record", "event is not a record")
+        event_type = raw.get("event_type")
+        if event_type not in EVENT_TYPES:
+            raise Invalid("unknown_event_type", f"event_type {event_type!r} is not a memory event type")
+        payload = raw.get("payload")
+        if payload is None and event_type == "memory_decayed":
+            payload = {}
+        if not isinstance(payload, Mapping):
+            raise Invalid("missing_payload", "payload is missing or not a record")
+        event = {
+            "event_id": _req_str(raw, "event_id"),
+            "motebit_id": _req_str(raw, "motebit_id"),
+            "device_id": _opt_str(raw, "device_id"),
+            "timestamp": _req_int(raw, "timestamp"),
+            "version_clock": _req_int(raw, "version_clock"),
+            "event_type": event_type,
+            "payload": _payload(event_type, payload),
+        }
+        return event, None
+    except Invalid as e:
+        return None, e.rejection
+
+
+# --------------------------------------------------------------------------------------------
+# De-duplication
+# --------------------------------------------------------------------------------------------
+
+
+class DedupWindow:
+    """The ids seen for ONE user, bounded by count and by event-time horizon."""
+
+    def __init__(self, max_ids: int = 10_000, horizon_ms: int = 7 * 24 * 60 * 60 * 1000) -> None:
+        self.max_ids = max_ids
+        self.horizon_ms = horizon_ms
+        self._ids: OrderedDict[str, int] = OrderedDict()
+        self.high_water = 0
+        self.duplicates = 0
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, key: str, timestamp: int) -> None:
+        if key in self._ids:
+            return
+        self._ids[key] = int(timestamp)
+        self.high_water = max(self.high_water, int(timestamp))
+        self._evict()
+
+    def _evict(self) -> None:
+        floor = self.high_water - self.horizon_ms
+        ids = self._ids
+        while ids and (len(ids) > self.max_ids or next(iter(ids.values())) < floor):
+            ids.popitem(last=False)
+
+    def to_record(self) -> dict[str, Any]:
+        return {"ids": [[k, v] for k, v in self._ids.items()], "high_water": self.high_water, "duplicates": self.duplicates}
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any] | None, max_ids: int = 10_000, horizon_ms: int = 7 * 24 * 60 * 60 * 1000) -> "DedupWindow":
+        w = cls(max_ids, horizon_ms)
+        if rec:
+            for k, v in rec.get("ids", []):
+                w._ids[k] = int(v)
+            w.high_water = int(rec.get("high_water", 0))
+            w.duplicates = int(rec.get("duplicates", 0))
+            w._evict()
+        return w
+
+    def copy(self) -> "DedupWindow":
+        w = DedupWindow(self.max_ids, self.horizon_ms)
+        w._ids = OrderedDict(self._ids)
+        w.high_water = self.high_water
+        w.duplicates = self.duplicates
+        return w
+
+
+# --------------------------------------------------------------------------------------------
+# Ordering
+# --------------------------------------------------------------------------------------------
+
+
+def event_sort_key(event: Mapping[str, Any]) -> tuple[int, int, str]:
+    """(timestamp, version_clock, event_id): the total order within a key. The id is the
+    final tie-breaker so equal clocks still order deterministically."""
+    return (
+        int(event.get("timestamp") or 0),
+        int(event.get("version_clock") or 0),
+        str(event.get("event_id") or event.get("candidate_id") or ""),
+    )
+
+
+def order_events(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return sorted(events, key=event_sort_key)
+
+
+class ReorderBuffer:
+    """A per-key reorder buffer over event time.
+
+    ``push`` returns the records that may now be applied, in sort-key order: every held
+    record whose timestamp is at or below the watermark (newest timestamp seen minus
+    ``max_delay_ms``), plus the oldest ones when more than ``max_pending`` are held. A record
+    older than the last released one is *late*: it is released immediately (never dropped)
+    and counted in ``late``; ``is_late`` tells the caller which. ``flush`` releases all.
+
+    The buffer lives in memory; a shell that commits offsets before a held record is
+    released must persist ``pending()`` (e.g. in a table) or accept that a crash re-delivers
+    from the last commit — which the de-duplication window absorbs."""
+
+    def __init__(self, max_delay_ms: int = 5_000, max_pending: int = 1_000) -> None:
+        self.max_delay_ms = max_delay_ms
+        self.max_pending = max_pending
+        self._held: list[tuple[tuple[int, int, str], int, Mapping[str, Any]]] = []
+        self._seq = 0
+        self._max_ts: int | None = None
+        self.last_released: tuple[int, int, str] | None = None
+        self.late = 0
+
+    def is_late(self, event: Mapping[str, Any]) -> bool:
+        return self.last_released is not None and event_sort_key(event) < self.last_released
+
+    def push(self, event: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        key = event_sort_key(event)
+        if self.last_released is not None and key < self.last_released:
+            self.late += 1
+            return [event]
+        self._seq += 1
+        bisect.insort(self._held, (key, self._seq, event))
+        self._max_ts = key[0] if self._max_ts is None else max(self._max_ts, key[0])
+        watermark = self._max_ts - self.max_delay_ms
+        out: list[Mapping[str, Any]] = []
+        while self._held and (self._held[0][0][0] <= watermark or len(self._held) > self.max_pending):
+            k, _, e = self._held.pop(0)
+            self.last_released = k
+            out.append(e)
+        return out
+
+    def flush(self) -> list[Mapping[str, Any]]:
+        out = [e for _, _, e in self._held]
+        if self._held:
+            self.last_released = self._held[-1][0]
+        self._held.clear()
+        return out
+
+    def pending(self) -> list[Mapping[str, Any]]:
+        return [e for _, _, e in self._held]

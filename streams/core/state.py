@@ -1,0 +1,194 @@
+"""``UserMemory``: the partition-local state of one user (one ``motebit_id``).
+
+Durable state is two records, both plain dicts the shell keeps in Faust tables:
+
+* the **node records** (``memory.nodes.v1``, key ``motebit_id/node_id``) — live and closed
+  (superseded) nodes;
+* one **aux record** per user (:meth:`UserMemory.aux_record`) — what node records cannot
+  carry: fingerprints and ids of deleted nodes (so deleted content is never re-formed and a
+  late ``memory_formed`` of a deleted id never resurrects it), the de-duplication window,
+  the Lamport clock of derived events and the latest ``memory_pinned`` per node (also for
+  nodes not formed yet, so a pin that overtakes its node still applies).
+  It holds no content (fingerprints are SHA-256 of normalized text).
+
+Everything else — the similarity index in particular — is derived and rebuilt by
+:meth:`UserMemory.from_nodes`; a rebuilt state decides exactly like the one it replaces.
+
+Mutation discipline: node dicts are never changed in place; an update builds a new dict and
+:meth:`put_node` swaps it in. So a shallow copy of the maps is a safe snapshot and a node
+dict handed to the shell (an upsert) never changes afterwards.
+
+Bounds: ``deleted_fingerprints`` and ``deleted_node_ids`` are kept for ever (they are the
+guarantee; ~100 bytes per deleted node, no content). The de-duplication window is bounded
+(see :class:`~streams.core.ingest.DedupWindow`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, Mapping
+
+from .ingest import DedupWindow
+from .nodes import as_of, complete_node, is_open
+from .similarity import IndexConfig, SimilarityIndex
+
+PinKey = tuple[int, int, str]
+#: latest memory_pinned per node: (timestamp, version_clock, event_id, pinned)
+Pin = tuple[int, int, str, bool]
+
+
+class UserMemory:
+    def __init__(
+        self,
+        motebit_id: str,
+        *,
+        index_config: IndexConfig | None = None,
+        dedup_max_ids: int = 10_000,
+        dedup_horizon_ms: int = 7 * 24 * 60 * 60 * 1000,
+    ) -> None:
+        self.motebit_id = motebit_id
+        self.live: dict[str, dict[str, Any]] = {}
+        self.closed: dict[str, dict[str, Any]] = {}
+        self.index = SimilarityIndex(index_config)
+        self.deleted_fingerprints: set[str] = set()
+        self.deleted_node_ids: set[str] = set()
+        self.seen = DedupWindow(dedup_max_ids, dedup_horizon_ms)
+        self.clock = 0
+        self.pins: dict[str, Pin] = {}
+        #: newest (timestamp, version_clock, id) applied from memory.events (late detection)
+        self.last_event_key: PinKey | None = None
+        self.stats: dict[str, int] = {"late": 0}
+
+    # ------------------------------------------------------------------ construction ----
+    @classmethod
+    def from_nodes(
+        cls,
+        motebit_id: str,
+        nodes: Iterable[Mapping[str, Any]],
+        aux: Mapping[str, Any] | None = None,
+        *,
+        index_config: IndexConfig | None = None,
+        dedup_max_ids: int = 10_000,
+        dedup_horizon_ms: int = 7 * 24 * 60 * 60 * 1000,
+    ) -> "UserMemory":
+        """Rebuild from the durable state: node records (any order) and the aux record."""
+        um = cls(motebit_id, index_config=index_config, dedup_max_ids=dedup_max_ids, dedup_horizon_ms=dedup_horizon_ms)
+        for rec in sorted((complete_node(n) for n in nodes), key=lambda n: n["node_id"]):
+            if rec["motebit_id"] != motebit_id:
+                raise ValueError(f"node {rec['node_id']} belongs to {rec['motebit_id']!r}, not {motebit_id!r}")
+            um.put_node(rec)
+        if aux:
+            um.deleted_fingerprints = set(aux.get("deleted_fingerprints") or ())
+            um.deleted_node_ids = set(aux.get("deleted_node_ids") or ())
+            um.seen = DedupWindow.from_record(aux.get("seen"), dedup_max_ids, dedup_horizon_ms)
+            um.clock = int(aux.get("clock") or 0)
+            um.pins = {k: (int(v[0]), int(v[1]), str(v[2]), bool(v[3])) for k, v in (aux.get("pins") or {}).items()}
+            lk = aux.get("last_event_key")
+            um.last_event_key = (int(lk[0]), int(lk[1]), str(lk[2])) if lk else None
+            um.stats = dict(aux.get("stats") or {"late": 0})
+        return um
+
+    def aux_record(self) -> dict[str, Any]:
+        """The non-node durable state (JSON-serializable, deterministic ordering)."""
+        return {
+            "motebit_id": self.motebit_id,
+            "deleted_fingerprints": sorted(self.deleted_fingerprints),
+            "deleted_node_ids": sorted(self.deleted_node_ids),
+            "seen": self.seen.to_record(),
+            "clock": self.clock,
+            "pins": {k: list(v) for k, v in sorted(self.pins.items())},
+            "last_event_key": list(self.last_event_key) if self.last_event_key else None,
+            "stats": dict(sorted(self.stats.items())),
+        }
+
+    def clone(self) -> "UserMemory":
+        """An independent copy (rebuilt from the durable state, as after a restart)."""
+        return UserMemory.from_nodes(
+            self.motebit_id,
+            self.nodes(),
+            self.aux_record(),
+            index_config=self.index.config,
+            dedup_max_ids=self.seen.max_ids,
+            dedup_horizon_ms=self.seen.horizon_ms,
+        )
+
+    # ------------------------------------------------------------------------ reads ----
+    def node(self, node_id: str) -> dict[str, Any] | None:
+        n = self.live.get(node_id)
+        return n if n is not None else self.closed.get(node_id)
+
+    def nodes(self) -> Iterator[dict[str, Any]]:
+        """Every node (live then closed), in node_id order within each group."""
+        for nid in sorted(self.live):
+            yield self.live[nid]
+        for nid in sorted(self.closed):
+            yield self.closed[nid]
+
+    def live_nodes(self) -> Iterator[dict[str, Any]]:
+        return iter(self.live.values())
+
+    def as_of(self, t: int) -> list[Mapping[str, Any]]:
+        """The nodes valid at time ``t`` (bi-temporal query over live and closed nodes)."""
+        return as_of(list(self.live.values()) + list(self.closed.values()), t)
+
+    def knows(self, node_id: str) -> bool:
+        return node_id in self.live or node_id in self.closed or node_id in self.deleted_node_ids
+
+    def is_deleted_content(self, fingerprint: str) -> bool:
+        return fingerprint in self.deleted_fingerprints
+
+    def head_of(self, node_id: str) -> dict[str, Any] | None:
+        """Follow ``superseded_by`` from ``node_id`` to the live node that replaced it
+        (the node itself when live); None when the chain ends in a deleted/unknown node."""
+        seen: set[str] = set()
+        cur = node_id
+        while cur not in seen:
+            seen.add(cur)
+            n = self.live.get(cur)
+            if n is not None:
+                return n
+            n = self.closed.get(cur)
+            if n is None or not n.get("superseded_by"):
+                return None
+            cur = n["superseded_by"]
+        return None
+
+    # -------------------------------------------------------------------- mutation ----
+    def put_node(self, node: dict[str, Any]) -> None:
+        """Insert or replace a node; keeps the live/closed split and the index in step."""
+        nid = node["node_id"]
+        old = self.live.get(nid)
+        if is_open(node):
+            self.closed.pop(nid, None)
+            self.live[nid] = node
+            if old is None or old["content"] != node["content"] or old.get("embedding") != node.get("embedding"):
+                self.index.add(nid, node["content"], node.get("embedding"))
+        else:
+            if old is not None:
+                del self.live[nid]
+                self.index.remove(nid)
+            self.closed[nid] = node
+
+    def erase_node(self, node_id: str) -> dict[str, Any] | None:
+        """Delete a node for good: remove it and its index entry, remember its fingerprint
+        and id. Returns the erased node (None if it was not there)."""
+        node = self.live.pop(node_id, None)
+        if node is not None:
+            self.index.remove(node_id)
+        else:
+            node = self.closed.pop(node_id, None)
+        self.deleted_node_ids.add(node_id)
+        self.pins.pop(node_id, None)
+        if node is not None:
+            self.deleted_fingerprints.add(node["content_fingerprint"])
+        return node
+
+    def next_clock(self) -> int:
+        """Lamport clock for derived events: strictly above everything seen so far."""
+        self.clock += 1
+        return self.clock
+
+    def observe_clock(self, version_clock: int) -> None:
+        self.clock = max(self.clock, int(version_clock))
+
+    def __len__(self) -> int:
+        return len(self.live) + len(self.closed)
