@@ -16,11 +16,14 @@ import asyncio
 import logging
 import socket
 import time
+from datetime import timedelta
 from typing import Any, Awaitable, Callable
 
 import faust
+from aiokafka.partitioner import murmur2
 
 from . import catalog, deadletter, faust_codecs
+from .http import api_view, parse_tokens
 from .settings import Settings
 from .wire import CodecFactory, RegistryError, WireFormatError, decode_key
 
@@ -43,6 +46,7 @@ class Runtime:
             broker=f"kafka://{settings.broker}",
             store=settings.store,
             datadir=settings.data_dir,
+            web_bind=settings.web_host,
             web_host=settings.web_host,
             web_port=settings.web_port,
             canonical_url=f"http://{_advertised_host(settings)}:{settings.web_port}",
@@ -72,6 +76,13 @@ class Runtime:
                 )
         self.stats: dict[str, int] = {}
         self.tables: dict[str, faust.types.TableT] = {}
+        self.View = api_view(parse_tokens(settings.api_tokens))  # base class of every HTTP view
+
+    def input_channel(self, *names: str) -> faust.TopicT:
+        """One channel over several co-partitioned input topics (raw bytes, decoded by `guard`)."""
+        if len(names) == 1:
+            return self.inputs[names[0]]
+        return self.app.topic(*names, key_serializer="raw", value_serializer="raw")
 
     def table(self, name: str) -> faust.types.TableT:
         """A table keyed by the UTF-8 message key (same bytes as the source key, so its changelog
@@ -83,6 +94,38 @@ class Runtime:
         self.tables[name] = table
         return table
 
+    def partition_of(self, key: str) -> int:
+        """The partition of a UTF-8 key in every catalog topic (murmur2, as the Java client)."""
+        return (murmur2(key.encode()) & 0x7FFFFFFF) % self.settings.partitions
+
+    def ticks(self, name: str, owner_topic: str, handler: Callable[[int, int], Awaitable[None]]) -> None:
+        """A partition-local timer whose handler runs inside an event of partition p.
+
+        Faust refuses table writes outside a stream event, and a write's changelog partition is
+        the event's partition. So the timer does not touch tables: every MEMSTREAM_TIMER_INTERVAL_S
+        it sends a tick (wall-clock ms) to partition p of an internal topic for each partition p
+        of `owner_topic` this worker owns; the tick topic has the same partition count and
+        subscribers, so Faust co-partitions it, and `handler(p, now_ms)` runs in that event.
+        """
+        topic = self.app.topic(f"{self.settings.app_id}-{name}-ticks", partitions=self.settings.partitions,
+                               internal=True, key_serializer="raw", value_serializer="raw",
+                               retention=timedelta(hours=1))
+
+        @self.app.agent(topic, name=f"{name}-tick-agent")
+        async def on_tick(stream):
+            async for event in stream.events():
+                try:
+                    await handler(event.message.partition, int(event.message.value))
+                except Exception:  # noqa: BLE001 - a failed sweep must not stop the worker
+                    log.exception("%s tick on partition %s failed", name, event.message.partition)
+
+        @self.app.timer(self.settings.timer_interval_s, name=f"{name}-timer")
+        async def send_ticks():
+            now = str(int(time.time() * 1000)).encode()
+            for tp in self.app.assignor.assigned_actives():
+                if tp.topic == owner_topic:
+                    await topic.send(value=now, partition=tp.partition)
+
     def count(self, name: str, n: int = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + n
 
@@ -91,12 +134,18 @@ class Runtime:
 
     async def send(self, topic_name: str, key: str, value: dict | None,
                    headers: list[tuple[str, bytes]] | None = None) -> None:
-        await self.outputs[topic_name].send(key=key, value=value, headers=headers)
+        if value is None:  # a tombstone: no codec (Avro has no "null record")
+            await self.outputs[topic_name].send(key=key, value=None, headers=headers, value_serializer="raw")
+        else:
+            await self.outputs[topic_name].send(key=key, value=value, headers=headers)
         self.count(f"out:{topic_name}")
 
-    async def dead_letter(self, event: faust.types.EventT, stage: str, reason: str, error_class: str) -> None:
+    async def dead_letter(self, event: faust.types.EventT, stage: str, reason: str, error_class: str,
+                          keep_value: bool = True) -> None:
+        """Send the event's record to the DLQ. `keep_value=False` drops the original value bytes
+        (a record that re-submits deleted content must not be copied anywhere)."""
         msg = event.message
-        origin = deadletter.Origin(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
+        origin = deadletter.Origin(msg.topic, msg.partition, msg.offset, msg.key, msg.value if keep_value else None)
         record = deadletter.dead_letter(origin, stage=stage, reason=reason, error_class=error_class,
                                         failed_at=int(time.time() * 1000), worker=self.worker_name)
         await self.outputs[catalog.DLQ].send(key=msg.key, value=record, headers=deadletter.connect_headers(record))

@@ -22,6 +22,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from .topics import TopicError
 
     errors: list[type[BaseException]] = [SettingsError, StackError, TopicError, DemoError, FileNotFoundError]
+    from .shipper import ShipperError
+
+    errors.append(ShipperError)
     try:
         from .wire import WireFormatError
 
@@ -130,6 +133,12 @@ def _demo(args: argparse.Namespace, s: Settings) -> int:
     return demo.run(s)
 
 
+def _ship_graph_logs(args: argparse.Namespace, s: Settings) -> int:
+    from . import shipper
+
+    return shipper.run(args.directory, s, once=args.once, offsets_path=args.offsets, poll_s=args.poll)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "dev": _dev,
     "topics": _topics,
@@ -139,6 +148,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "schemas": _schemas,
     "generate": _generate,
     "demo": _demo,
+    "ship-graph-logs": _ship_graph_logs,
 }
 
 
@@ -184,6 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--produce", action="store_true", help="produce straight into the input topics")
 
     sub.add_parser("demo", help="start the stack, run a worker on sample data, show what came out")
+
+    ship = sub.add_parser("ship-graph-logs", help="tail graph-events-*.ndjson files of a directory into graph.events.v1")
+    ship.add_argument("directory", metavar="DIR", help="directory of graph-events-{hash}.ndjson files")
+    ship.add_argument("--once", action="store_true", help="ship what is there now and exit (default: follow until SIGINT/SIGTERM)")
+    ship.add_argument("--offsets", metavar="FILE", help="offsets file (default: one per DIR under MEMSTREAM_SHIPPER_OFFSETS_DIR)")
+    ship.add_argument("--poll", metavar="SECONDS", type=float, help="seconds between scans (overrides MEMSTREAM_SHIPPER_POLL_S)")
     return p
 
 

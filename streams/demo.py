@@ -11,16 +11,15 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import json
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from . import catalog, devstack, generate, topics
+from . import catalog, devstack, generate, kafkatools, topics
 from .agents import consumed_topics
 from .settings import Settings
 from .wire import CodecFactory, decode_key
@@ -34,21 +33,11 @@ def _say(msg: str = "") -> None:
     print(msg, flush=True)
 
 
-def _end_offsets(consumer: Consumer, names: list[str]) -> dict[tuple[str, int], int]:
-    out = {}
-    md = consumer.list_topics(timeout=10)
-    for name in names:
-        for p in md.topics[name].partitions:
-            _low, high = consumer.get_watermark_offsets(TopicPartition(name, p), timeout=10)
-            out[(name, p)] = high
-    return out
-
-
 def _read_since(s: Settings, start: dict[tuple[str, int], int], name: str, factory: CodecFactory) -> list[tuple]:
     c = Consumer({"bootstrap.servers": s.broker, "group.id": "memstream-demo-reader", "enable.auto.commit": False,
                   "log_level": 0})
     parts = [TopicPartition(t, p, off) for (t, p), off in start.items() if t == name]
-    ends = _end_offsets(c, [name])
+    ends = kafkatools.end_offsets(s, [name])
     c.assign(parts)
     codec = factory.codec(catalog.topic(name).value_schema)
     out, remaining = [], {(t, p): ends[(t, p)] for (t, p) in start if t == name and ends[(t, p)] > start[(t, p)]}
@@ -65,13 +54,6 @@ def _read_since(s: Settings, start: dict[tuple[str, int], int], name: str, facto
     return out
 
 
-def _group_lag(s: Settings, group: str, ends: dict[tuple[str, int], int]) -> int:
-    c = Consumer({"bootstrap.servers": s.broker, "group.id": group, "enable.auto.commit": False, "log_level": 0})
-    committed = c.committed([TopicPartition(t, p) for (t, p) in ends], timeout=10)
-    c.close()
-    return sum(max(ends[(tp.topic, tp.partition)] - max(tp.offset, 0), 0) for tp in committed)
-
-
 def run(s: Settings) -> int:
     _say("== 1. local stack")
     devstack.up(s)
@@ -84,42 +66,30 @@ def run(s: Settings) -> int:
     factory.register([t.name for t in catalog.topics()])
     inputs = [t.name for t in catalog.topics() if t.direction == "in"]
     outputs = [t.name for t in catalog.topics() if t.direction == "out"]
-    probe = Consumer({"bootstrap.servers": s.broker, "group.id": "memstream-demo-probe", "log_level": 0})
-    in_start = _end_offsets(probe, inputs)
-    out_start = _end_offsets(probe, outputs)
-    probe.close()
+    in_start = kafkatools.end_offsets(s, inputs)
+    out_start = kafkatools.end_offsets(s, outputs)
 
     app_id = f"memstream-demo-{int(time.time())}"
     # Position the new group at the current end of the inputs: only this run's records count.
-    positioner = Consumer({"bootstrap.servers": s.broker, "group.id": app_id, "log_level": 0})
-    positioner.commit(offsets=[TopicPartition(t, p, off) for (t, p), off in in_start.items()], asynchronous=False)
-    positioner.close()
+    kafkatools.position_group(s, app_id, in_start)
 
     _say(f"\n== 2. worker (app id {app_id})")
     log_path = Path(s.stack_dir) / "logs" / "demo-worker.log"
-    env = {**os.environ, "MEMSTREAM_APP_ID": app_id, "MEMSTREAM_DATA_DIR": str(Path("var") / app_id),
-           "MEMSTREAM_BROKER": s.broker, "MEMSTREAM_REGISTRY_URL": s.registry_url}
-    with open(log_path, "wb") as log:
-        worker = subprocess.Popen([sys.executable, "-m", "streams", "worker"], env=env, stdout=log,
-                                  stderr=subprocess.STDOUT)
+    worker = kafkatools.start_worker(s, app_id, log_path, {"MEMSTREAM_API_TOKENS": DEMO_TOKEN})
     try:
-        _wait_ready(worker, log_path)
-        _say(f"worker ready (log {log_path})")
+        _say(f"worker ready (log {log_path}; HTTP API on {s.web_host}:{s.web_port})")
 
         _say("\n== 3. sample data (memstream generate, seed 7)")
         items = generate.generate(seed=7)
         generate.produce(items, s)
-        in_end = {}
-        probe = Consumer({"bootstrap.servers": s.broker, "group.id": "memstream-demo-probe", "log_level": 0})
-        in_end = _end_offsets(probe, inputs)
-        probe.close()
+        in_end = kafkatools.end_offsets(s, inputs)
         _say(f"produced {len(items)} records: " + ", ".join(f"{n} {t}" for t, n in Counter(i.topic for i in items).items()))
 
         _say("\n== 4. processing")
         consumed = {tp: off for tp, off in in_end.items() if tp[0] in consumed_topics()}
         deadline = time.monotonic() + 180
         last = None
-        while (lag := _group_lag(s, app_id, consumed)) > 0:
+        while (lag := kafkatools.group_lag(s, app_id, consumed)) > 0:
             if worker.poll() is not None:
                 raise DemoError(f"the worker exited {worker.returncode}; read {log_path}")
             if time.monotonic() > deadline:
@@ -129,12 +99,9 @@ def run(s: Settings) -> int:
                 last = lag
             time.sleep(1)
         time.sleep(1)
+        show_api(s, items)
     finally:
-        worker.terminate()
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        kafkatools.stop_worker(worker)
 
     _say("\n== 5. what came out")
     results = {name: _read_since(s, out_start, name, factory) for name in outputs}
@@ -145,17 +112,61 @@ def run(s: Settings) -> int:
     return 0
 
 
-def _wait_ready(worker: subprocess.Popen, log_path: Path, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while b"Worker]: Ready" not in log_path.read_bytes():
-        if worker.poll() is not None:
-            raise DemoError(f"the worker exited {worker.returncode} during start-up; read {log_path}")
-        if time.monotonic() > deadline:
-            raise DemoError(f"the worker was not ready after {timeout:.0f}s; read {log_path}")
-        time.sleep(0.3)
+DEMO_TOKEN = "demo-token:personal"
+
+
+def show_api(s: Settings, items: list) -> None:
+    """One query of the HTTP API, as a backend would make it (token allowed up to `personal`)."""
+    user = next(i.key for i in items if i.topic == catalog.MEMORY_CANDIDATES)
+    url = f"http://{s.web_host}:{s.web_port}/v1/memory/{user}/nodes"
+    req = urllib.request.Request(url, headers={"Authorization": "Bearer " + DEMO_TOKEN.split(":")[0]})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        nodes = json.loads(r.read())["nodes"]
+    _say(f"\n-- GET {url}  (token may read up to 'personal')")
+    for n in nodes[:6]:
+        _say(f"  [{n['sensitivity']:9}] {n['content'][:80]}")
+    redacted = sum(1 for n in nodes if n.get("redacted"))
+    _say(f"  … {len(nodes)} live nodes, {redacted} shown as [REDACTED] (medical/financial above the token's level)")
+
+
+def show_memory(results: dict[str, list[tuple]]) -> None:
+    ledger = [v for _k, v in results.get(catalog.MEMORY_LEDGER, [])]
+    if not ledger:
+        return
+    actions = Counter(e["payload"]["action"] for e in ledger if e["event_type"] == "memory_consolidated")
+    kinds = Counter(e["event_type"] for e in ledger)
+    _say("\n-- consolidation (memory.ledger.v1)")
+    _say("  decisions: " + ", ".join(f"{a} {actions.get(a, 0)}" for a in ("accept", "merge", "supersede", "reject")))
+    _say(f"  promoted: {kinds.get('memory_promoted', 0)}   formed: {kinds.get('memory_formed', 0)}   "
+         f"quarantined: {len(results.get(catalog.MEMORY_QUARANTINE, []))}   ledger events: {len(ledger)}")
+    for e in ledger:
+        p = e["payload"]
+        if e["event_type"] == "memory_consolidated" and p["action"] in ("supersede", "reject"):
+            _say(f"  {e['motebit_id']}: {p['action']:9} {p['reason'][:100]}")
+            break
+    for e in ledger:
+        if e["event_type"] == "memory_promoted":
+            p = e["payload"]
+            _say(f"  {e['motebit_id']}: promoted {p['node_id'][:8]}… after {p['reinforcement_count']} reinforcements "
+                 f"(confidence {p['from_confidence']:.3f} → {p['to_confidence']})")
+            break
+    for _k, q in results.get(catalog.MEMORY_QUARANTINE, [])[:3]:
+        _say(f"  {q['motebit_id']}: quarantined \"{q['candidate']['content']}\" ({q['reason'][:70]})")
+    nodes: dict[str, dict | None] = {}
+    for key, value in results.get(catalog.MEMORY_NODES, []):
+        nodes[key] = value
+    live = [n for n in nodes.values() if n is not None and n["valid_until"] is None]
+    if live:
+        user = sorted(live, key=lambda n: n["motebit_id"])[0]["motebit_id"]
+        _say(f"\n-- memory.nodes.v1: {len(live)} live nodes, {sum(v is None for v in nodes.values())} deleted; {user}'s:")
+        for n in sorted((n for n in live if n["motebit_id"] == user), key=lambda n: -n["confidence"]):
+            flags = "".join([" promoted" if n["promoted"] else "", " pinned" if n["pinned"] else "",
+                             " instruction" if n["instruction_form"] else ""])
+            _say(f"  [{n['sensitivity']:9}] conf {n['confidence']:.2f} x{n['reinforcement_count']}{flags}: {n['content'][:70]}")
 
 
 def show_results(results: dict[str, list[tuple]]) -> None:
+    show_memory(results)
     graphs = {}
     for key, value in results.get(catalog.GRAPH_STATE, []):
         graphs[key] = value

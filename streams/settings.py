@@ -44,8 +44,22 @@ class Settings:
     standby_replicas: int = field(default=1, metadata={"doc": "Table standby replicas kept by other workers for fast failover."})
     log_level: str = field(default="info", metadata={"doc": "Worker log level."})
     # --- pipeline rules ------------------------------------------------------------------
+    text_merge_threshold: float = field(default=0.85, metadata={"doc": "Text similarity (n-gram Jaccard) at or above which a candidate merges into a node."})
+    text_supersede_threshold: float = field(default=0.50, metadata={"doc": "Lower edge of the text contradiction band (supersede) for semantic memories."})
+    embedding_merge_threshold: float = field(default=0.95, metadata={"doc": "Embedding cosine at or above which a candidate merges."})
+    embedding_supersede_threshold: float = field(default=0.80, metadata={"doc": "Lower edge of the embedding contradiction band (supersede)."})
+    promotion_min_reinforcements: int = field(default=3, metadata={"doc": "Promotion policy: reinforcement count needed (seed default 3)."})
+    promotion_min_confidence: float = field(default=0.85, metadata={"doc": "Promotion policy: confidence needed (seed default 0.85)."})
+    dedup_max_ids: int = field(default=2000, metadata={"doc": "Input ids remembered per user for duplicate detection (within 7 days)."})
+    relay_threshold: str = field(default="personal", metadata={"doc": "Default consented sensitivity threshold of the relay: content above it is redacted (per-user override: PUT /v1/relay/{motebit_id}/threshold)."})
+    negotiator_write_enabled: bool = field(default=True, metadata={"doc": "The host's memory write flag: off = negotiator `remember` returns null (forget always works)."})
+    api_tokens: str = field(default="", metadata={"doc": "HTTP bearer tokens and the highest sensitivity each may read: `token:level,token2:level` (levels none..secret)."})
     graph_stall_ms: int = field(default=15 * 60 * 1000, metadata={"doc": "A graph node running longer than this (ms) is flagged stalled."})
     timer_interval_s: float = field(default=30.0, metadata={"doc": "Seconds between runs of the partition-local housekeeping timers."})
+    # --- the graph-log shipper (memstream ship-graph-logs) ---------------------------------
+    shipper_offsets_dir: str = field(default="var/shipper", metadata={"doc": "Where `ship-graph-logs` keeps its offsets file (one per shipped directory) unless --offsets names one."})
+    shipper_poll_s: float = field(default=1.0, metadata={"doc": "Seconds `ship-graph-logs` waits between scans of the directory (unless --poll)."})
+    shipper_batch_lines: int = field(default=500, metadata={"doc": "Most lines the shipper sends before it flushes and commits its offset (at most 512: a re-sent batch must fit the graph agent's duplicate window)."})
     # --- the local stack (memstream dev up) ----------------------------------------------
     cache_dir: str = field(default_factory=_default_cache_dir, metadata={"doc": "Where `dev up` keeps downloaded Kafka / Apicurio, outside git (default $XDG_CACHE_HOME/memstream or ~/.cache/memstream)."})
     stack_dir: str = field(default=".memstream/stack", metadata={"doc": "Runtime dir of the local stack: data, logs, pid files."})

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -90,6 +94,7 @@ def worker(settings: Settings, name: str, env: dict[str, str] | None = None,
     log_path = log_dir / f"{name}.log"
     full_env = {**os.environ, **TEST_ENV, **(env or {})}
     full_env.setdefault("MEMSTREAM_DATA_DIR", str(ROOT / ".memstream" / "test-data" / name))
+    full_env.setdefault("MEMSTREAM_WEB_PORT", str(free_port()))
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "streams", "worker"], cwd=ROOT, env=full_env,
                                 stdout=log, stderr=subprocess.STDOUT)
@@ -111,6 +116,24 @@ def worker(settings: Settings, name: str, env: dict[str, str] | None = None,
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def http_get(port: int, path: str, token: str | None = None) -> tuple[int, dict]:
+    """GET a worker's HTTP API; (status, JSON body)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=15) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def log_of(name: str) -> str:

@@ -13,7 +13,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from streams import catalog
 
 from .conftest import ROOT
-from .kafka_util import consume, produce, worker
+from .kafka_util import consume, free_port, http_get, produce, worker
 
 pytestmark = pytest.mark.kafka
 
@@ -45,13 +45,20 @@ def test_worker_materializes_graph_state_and_dead_letters_garbage(stack, unique)
          "budget": {"sessionsSpawned": 1, "inputTokens": 1200, "outputTokens": 300, "costUsd": 0.012}},
         {"ts": t0 + 950, "graphId": graph_id, "event": "phase_change", "status": "complete"},
     ]
-    with worker(stack, f"graph-{unique}", env={"MEMSTREAM_APP_ID": f"it-{unique}"}):
+    port = free_port()
+    env = {"MEMSTREAM_APP_ID": f"it-{unique}", "MEMSTREAM_WEB_PORT": str(port), "MEMSTREAM_API_TOKENS": "t:none"}
+    with worker(stack, f"graph-{unique}", env=env):
         produce(stack, catalog.GRAPH_EVENTS, [(graph_id, e) for e in events])
         produce(stack, catalog.GRAPH_EVENTS, [(graph_id, b'{"graphId": "not avro"}')])
         states = consume(stack, catalog.GRAPH_STATE,
                          lambda out: any(m["key"] == graph_id and m["value"]["eventCount"] == 5 for m in out))
         dlq = consume(stack, catalog.DLQ, lambda out: any(m["key"] == graph_id.encode() for m in out))
+        api = http_get(port, f"/v1/graphs/{graph_id}", "t")
+        missing = http_get(port, "/v1/graphs/no-such-graph", "t")
+        denied = http_get(port, f"/v1/graphs/{graph_id}")
     final = [m["value"] for m in states if m["key"] == graph_id][-1]
+    assert api == (200, final)  # the HTTP view serves the same state as the compacted topic
+    assert missing[0] == 404 and denied[0] == 401
     assert final["phase"] == "complete"
     assert final["nodes"] == [{"nodeId": "n1", "status": "done", "agent": "researcher", "startedAt": t0 + 10,
                                "completedAt": t0 + 900, "signalType": "answer", "stalled": False}]

@@ -9,9 +9,9 @@ if TYPE_CHECKING:
 
 
 def _modules():
-    from . import graphs
+    from . import graphs, memory, sessions
 
-    return [graphs]
+    return [memory, graphs, sessions]
 
 
 def consumed_topics() -> list[str]:

@@ -1,16 +1,19 @@
 """graph.events.v1 → graph.state.v1: per-graph execution state (rules in streams/graphs/state.py).
 
 State lives in the `graph-state` table keyed by `graphId` (the message key, so the table's
-changelog partition is the source partition). A timer re-evaluates stall flags on the graphs of
-this worker's partitions and republishes the graphs whose flags changed.
+changelog partition is the source partition). A partition-local timer (`Runtime.ticks`)
+re-evaluates stall flags on the graphs of each owned partition and republishes the graphs whose
+flags changed.
 """
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
+from faust.web import Request, Response
+
 from .. import catalog
+from ..http import AuthError
 from ..app import Rejected
 from ..graphs import state as graph_state
 
@@ -46,13 +49,27 @@ def register(rt: "Runtime") -> None:
         async for event in stream.events():
             await rt.guard(event, handle)
 
-    @app.timer(s.timer_interval_s, name="graph-stall-timer")
-    async def stall_timer():
-        now = int(time.time() * 1000)
+    async def stall_sweep(partition: int, now_ms: int) -> None:
+        """Re-evaluate stall flags of this partition's graphs; publish the ones that changed."""
         for key, st in list(table.items()):
-            if st is None:
+            if st is None or rt.partition_of(key) != partition:
                 continue
-            marked = graph_state.mark_stalled(st, now, s.graph_stall_ms)
+            marked = graph_state.mark_stalled(st, now_ms, s.graph_stall_ms)
             if graph_state.stalled_nodes(marked) != graph_state.stalled_nodes(st):
                 table[key] = marked
                 await rt.send(catalog.GRAPH_STATE, key, graph_state.to_record(marked))
+
+    rt.ticks("graph-stall", catalog.GRAPH_EVENTS, stall_sweep)
+
+    @app.page("/v1/graphs/{graph_id}")
+    class GraphView(rt.View):
+        @app.table_route(table=table, match_info="graph_id")
+        async def get(self, request: Request, graph_id: str) -> Response:
+            try:
+                self.allowed_level(request)
+            except AuthError as exc:
+                return self.error(401, str(exc))
+            st = table.get(graph_id)
+            if st is None:
+                return self.error(404, f"no graph {graph_id}")
+            return self.reply(graph_state.to_record(st))

@@ -1,0 +1,347 @@
+"""The memory agent: consolidation, lifecycle, relay, audit and negotiator tools for one user's
+partition-local state, and the memory HTTP API. The rules are in `streams/core`.
+
+Topology (every input is keyed by the user — `motebit_id`, or `user_id` for the negotiator,
+taken to be the same identity — and has the same partition count, so one agent reads them all
+and a user's state is partition-local):
+
+    memory.events.v1 ───────┐                      ┌─> memory.ledger.v1     (key motebit_id)
+    memory.candidates.v1 ───┤                      ├─> memory.relay.v1      (redacted, tombstoned)
+    memory.turns.v1 ────────┼─> memory-consolidate ─┼─> memory.nodes.v1      (key motebit_id/node_id, null = deleted)
+    negotiator.requests.v1 ─┘   tables:             ├─> memory.quarantine.v1
+    <app>-memory-housekeeping-ticks (timer)         ├─> negotiator.replies.v1
+                              memory-nodes          └─> pipeline.dlq.v1
+                              memory-aux, negotiator, relay-policy
+
+Durable state: table `memory-nodes` (key `motebit_id/node_id` → node record) and table
+`memory-aux` (key `motebit_id` → the user's non-node state: deleted fingerprints, de-duplication
+window, clock, pins). The per-user `UserMemory` with its similarity index is derived: a cache
+rebuilt from the two tables after every rebalance (so after a restart or a partition move the
+index is rebuilt from the recovered changelogs).
+
+Write order per record: outputs first, then node rows, then the aux row that marks the input as
+seen. A crash in between re-processes the record (at-least-once) with the same derived ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from faust.web import Request, Response
+
+from .. import catalog
+from ..app import Rejected
+from ..core import (
+    ConsolidationPolicy,
+    Outcome,
+    PromotionPolicy,
+    UserMemory,
+    event_id_for,
+    process_candidate,
+    process_event,
+)
+from ..core.audit import audit_turn
+from ..core.housekeeping import HousekeepingPolicy, sweep_memory
+from ..core.negotiator import forget_result_of, forgotten_fingerprints, handle_request, nodes_to_forget
+from ..core.redaction import relay_events, threshold_for
+from ..deadletter import STAGE_VALIDATE
+from ..core.vocabulary import SENSITIVITY_LEVELS
+from ..http import AuthError, BadRequest, mask_node
+
+if TYPE_CHECKING:
+    from ..app import Runtime
+
+log = logging.getLogger("memstream.memory")
+
+SOURCES = [catalog.MEMORY_EVENTS, catalog.MEMORY_CANDIDATES, catalog.MEMORY_TURNS, catalog.NEGOTIATOR_REQUESTS]
+KEY_FIELD = {catalog.MEMORY_EVENTS: "motebit_id", catalog.MEMORY_CANDIDATES: "motebit_id",
+             catalog.MEMORY_TURNS: "motebit_id", catalog.NEGOTIATOR_REQUESTS: "user_id"}
+NODE_KEY_SEP = "/"
+
+
+def node_key(motebit_id: str, node_id: str) -> str:
+    return f"{motebit_id}{NODE_KEY_SEP}{node_id}"
+
+
+def policies(rt: "Runtime") -> tuple[ConsolidationPolicy, PromotionPolicy]:
+    s = rt.settings
+    return (
+        ConsolidationPolicy(
+            text_merge_threshold=s.text_merge_threshold,
+            text_supersede_threshold=s.text_supersede_threshold,
+            embedding_merge_threshold=s.embedding_merge_threshold,
+            embedding_supersede_threshold=s.embedding_supersede_threshold,
+        ),
+        PromotionPolicy(min_reinforcements=s.promotion_min_reinforcements,
+                        min_confidence=s.promotion_min_confidence),
+    )
+
+
+class MemoryStore:
+    """The partition-local memory state of this worker: tables + the derived per-user cache."""
+
+    def __init__(self, rt: "Runtime") -> None:
+        self.rt = rt
+        self.nodes = rt.table("memory-nodes")
+        self.aux = rt.table("memory-aux")
+        self.negotiator = rt.table("negotiator")
+        self.relay_policy = rt.table("relay-policy")  # motebit_id -> consented threshold
+        self.cache: dict[str, UserMemory] = {}
+        self.valid = False
+        rt.app.on_partitions_assigned.connect(self._invalidate)
+        rt.app.on_partitions_revoked.connect(self._invalidate)
+
+    async def _invalidate(self, *args: Any, **kwargs: Any) -> None:
+        self.valid = False
+
+    def _rebuild(self) -> None:
+        """Rebuild every local user's state from the tables (after recovery / a rebalance)."""
+        by_user: dict[str, list[dict]] = defaultdict(list)
+        for key, node in self.nodes.items():
+            if node is not None:
+                by_user[key.split(NODE_KEY_SEP, 1)[0]].append(node)
+        users = set(by_user) | {k for k, v in self.aux.items() if v is not None}
+        self.cache = {
+            u: UserMemory.from_nodes(u, by_user.get(u, ()), self.aux.get(u), dedup_max_ids=self.rt.settings.dedup_max_ids)
+            for u in users
+        }
+        self.valid = True
+        log.info("memory state rebuilt: %d users, %d nodes", len(self.cache), sum(map(len, by_user.values())))
+
+    def local_users(self):
+        if not self.valid:
+            self._rebuild()
+        return self.cache.items()
+
+    def user(self, motebit_id: str) -> UserMemory:
+        if not self.valid:
+            self._rebuild()
+        um = self.cache.get(motebit_id)
+        if um is None:
+            um = self.cache[motebit_id] = UserMemory(motebit_id, dedup_max_ids=self.rt.settings.dedup_max_ids)
+        return um
+
+
+def register(rt: "Runtime") -> None:
+    app = rt.app
+    store = MemoryStore(rt)
+    consolidation, promotion = policies(rt)
+    retention = HousekeepingPolicy()
+
+    async def handle(event, key: str, record: dict) -> None:
+        try:
+            await apply(event, key, record)
+        except Exception:
+            # the in-memory state may be ahead of the tables now: rebuild it from them
+            store.valid = False
+            raise
+
+    async def apply(event, key: str, record: dict) -> None:
+        topic = event.message.topic
+        if record.get(KEY_FIELD[topic]) != key:
+            raise Rejected(f"record {KEY_FIELD[topic]} {record.get(KEY_FIELD[topic])!r} differs from its key {key!r}",
+                           "memory.key_mismatch")
+        um = store.user(key)
+        if topic == catalog.NEGOTIATOR_REQUESTS:
+            await negotiate(key, record, um)
+            return
+        if topic == catalog.MEMORY_TURNS:
+            out = audit(um, record)
+        elif topic == catalog.MEMORY_CANDIDATES:
+            out = process_candidate(um, record, consolidation, promotion)
+        else:
+            out = process_event(um, record, consolidation, promotion)
+        for rej in out.dead_letters:
+            await rt.dead_letter(event, STAGE_VALIDATE, f"{rej.code}: {rej.detail}", rej.code,
+                                 keep_value=not rej.redact_value)
+        if out.duplicate:
+            rt.count(f"duplicate:{topic}")
+            return
+        if out.decision is not None:
+            rt.count(f"decision:{out.decision.action}")
+        await emit(key, um, out)
+
+    async def emit(key: str, um: UserMemory, out: Outcome) -> None:
+        """Send an outcome: ledger and its relay view, quarantine, node rows; then the tables."""
+        threshold = threshold_for(key, store.relay_policy, rt.settings.relay_threshold)
+        for ev in out.ledger:
+            await rt.send(catalog.MEMORY_LEDGER, key, ev)
+            for peer_ev in relay_events(ev, threshold, um.deleted_node_ids,
+                                        deleted_fingerprints=um.deleted_fingerprints):
+                await rt.send(catalog.MEMORY_RELAY, key, peer_ev)
+        for q in out.quarantined:
+            await rt.send(catalog.MEMORY_QUARANTINE, key, q)
+        for node in out.node_upserts:
+            await rt.send(catalog.MEMORY_NODES, node_key(key, node["node_id"]), node)
+            store.nodes[node_key(key, node["node_id"])] = node
+        for node_id in out.node_deletions:
+            await rt.send(catalog.MEMORY_NODES, node_key(key, node_id), None)
+            store.nodes.pop(node_key(key, node_id), None)
+        store.aux[key] = um.aux_record()
+
+    def audit(um: UserMemory, turn: dict) -> Outcome:
+        """memory.turns.v1: the missed-memory audit (local-only: never reaches the relay)."""
+        seen_key = "t:" + turn["turn_id"]
+        if seen_key in um.seen:
+            um.seen.duplicates += 1
+            return Outcome(duplicate=True)
+        um.seen.add(seen_key, int(turn["timestamp"]))
+        ev = audit_turn(turn, version_clock=um.next_clock())
+        return Outcome(ledger=[ev] if ev else [])
+
+    async def negotiate(key: str, request: dict, um: UserMemory) -> None:
+        """negotiator.requests.v1 → negotiator.replies.v1; a forget also deletes the user's
+        memory nodes holding the forgotten content (and they can never re-form)."""
+        state, reply = handle_request(store.negotiator.get(key), request, rt.settings.negotiator_write_enabled)
+        store.negotiator[key] = state
+        await rt.send(catalog.NEGOTIATOR_REPLIES, key, reply)
+        rt.count(f"negotiator:{request.get('op')}")
+        for node_id in nodes_to_forget(um.live_nodes(), forgotten_fingerprints(state)):
+            deletion = {"event_id": event_id_for(key, f"{request['request_id']}/{node_id}", "memory_deleted"),
+                        "motebit_id": key, "device_id": None, "timestamp": int(request["timestamp"]),
+                        "version_clock": um.next_clock(), "event_type": "memory_deleted",
+                        "payload": {"node_id": node_id}}
+            await emit(key, um, process_event(um, deletion, consolidation, promotion))
+        waiter = pending_replies.pop(request["request_id"], None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(reply)
+
+    async def housekeeping(partition: int, now_ms: int) -> None:
+        """Decay and retention for the users of one partition (a partition-local timer)."""
+        for user, um in list(store.local_users()):
+            if rt.partition_of(user) != partition:
+                continue
+            out = sweep_memory(um, now_ms, retention)
+            if out.ledger or out.node_deletions:
+                rt.count("housekeeping:deleted", len(out.node_deletions))
+                await emit(user, um, out)
+
+    rt.ticks("memory-housekeeping", catalog.MEMORY_CANDIDATES, housekeeping)
+    pending_replies: dict[str, asyncio.Future] = {}
+
+    # Per-user relay thresholds change at run time through an internal topic keyed by the user
+    # (so the table write happens in an event of the user's partition, as Faust requires).
+    policy_topic = app.topic(f"{rt.settings.app_id}-relay-policy", partitions=rt.settings.partitions,
+                             internal=True, key_serializer="raw", value_serializer="raw")
+
+    @app.agent(policy_topic, name="relay-policy-agent")
+    async def relay_policy_agent(stream):
+        async for event in stream.events():
+            user, level = event.message.key.decode(), event.message.value.decode()
+            store.relay_policy[user] = level
+            log.info("relay threshold of %s is now %s", user, level)
+
+    @app.agent(rt.input_channel(*SOURCES), name="memory-consolidate")
+    async def memory_consolidate(stream):
+        async for event in stream.events():
+            await rt.guard(event, handle)
+
+    @app.page("/v1/memory/{motebit_id}/nodes")
+    class UserNodes(rt.View):
+        @app.table_route(table=store.aux, match_info="motebit_id")
+        async def get(self, request: Request, motebit_id: str) -> Response:
+            try:
+                allowed = self.allowed_level(request)
+            except AuthError as exc:
+                return self.error(401, str(exc))
+            um = store.user(motebit_id)
+            as_of = request.query.get("as_of")
+            include = set(filter(None, request.query.get("include", "").split(",")))
+            if as_of is not None:
+                try:
+                    nodes = um.as_of(int(as_of))
+                except ValueError:
+                    return self.error(400, "as_of must be Unix milliseconds")
+            elif "superseded" in include:
+                nodes = list(um.nodes())
+            else:
+                nodes = list(um.live_nodes())
+            shown = sorted((mask_node(n, allowed) for n in nodes), key=lambda n: (n["valid_from"], n["node_id"]))
+            return self.reply({"motebit_id": motebit_id, "as_of": int(as_of) if as_of else None, "nodes": shown})
+
+    @app.page("/v1/memory/{motebit_id}/nodes/{node_id}")
+    class OneNode(rt.View):
+        @app.table_route(table=store.aux, match_info="motebit_id")
+        async def get(self, request: Request, motebit_id: str, node_id: str) -> Response:
+            try:
+                allowed = self.allowed_level(request)
+            except AuthError as exc:
+                return self.error(401, str(exc))
+            node = store.user(motebit_id).node(node_id)
+            if node is None:
+                return self.error(404, f"no node {node_id} for {motebit_id}")
+            return self.reply(mask_node(node, allowed))
+
+    @app.page("/v1/relay/{motebit_id}/threshold")
+    class RelayThreshold(rt.View):
+        async def put(self, request: Request, motebit_id: str) -> Response:
+            try:
+                self.allowed_level(request)
+                level = (await self.json_body(request)).get("threshold")
+            except AuthError as exc:
+                return self.error(401, str(exc))
+            except BadRequest as exc:
+                return self.error(400, str(exc))
+            if level not in SENSITIVITY_LEVELS:
+                return self.error(400, f"threshold must be one of {', '.join(SENSITIVITY_LEVELS)}")
+            await policy_topic.send(key=motebit_id.encode(), value=level.encode())
+            return self.reply({"motebit_id": motebit_id, "threshold": level, "status": "accepted"}, 202)
+
+        async def get(self, request: Request, motebit_id: str) -> Response:
+            try:
+                self.allowed_level(request)
+            except AuthError as exc:
+                return self.error(401, str(exc))
+            return await self.route(request, store.relay_policy, motebit_id, lambda: self._local(motebit_id))
+
+        async def _local(self, motebit_id: str) -> Response:
+            level = threshold_for(motebit_id, store.relay_policy, rt.settings.relay_threshold)
+            return self.reply({"motebit_id": motebit_id, "threshold": level})
+
+    async def call_negotiator(user_id: str, body: dict, op: str) -> dict:
+        """Send a request through negotiator.requests.v1 (same path as Kafka clients) and wait
+        for this worker's agent to answer it."""
+        request_id = str(body.get("requestId") or uuid.uuid4())
+        record = {"request_id": request_id, "user_id": user_id, "op": op, "kind": body.get("kind"),
+                  "content": body.get("content"), "sessionId": body.get("sessionId"),
+                  "memoryId": body.get("memoryId"), "description": body.get("description"),
+                  "timestamp": int(time.time() * 1000)}
+        waiter = pending_replies[request_id] = asyncio.get_running_loop().create_future()
+        value = rt.codecs.codec("negotiator_request").encode(record)
+        await rt.inputs[catalog.NEGOTIATOR_REQUESTS].send(key=user_id.encode(), value=value)
+        try:
+            return await asyncio.wait_for(waiter, timeout=30)
+        finally:
+            pending_replies.pop(request_id, None)
+
+    class NegotiatorView(rt.View):
+        op = ""
+
+        async def post(self, request: Request, user_id: str) -> Response:
+            try:
+                self.allowed_level(request)
+                body = await self.json_body(request)
+            except AuthError as exc:
+                return self.error(401, str(exc))
+            except BadRequest as exc:
+                return self.error(400, str(exc))
+            return await self.route(request, store.negotiator, user_id, lambda: self._local(user_id, body))
+
+        async def _local(self, user_id: str, body: dict) -> Response:
+            try:
+                reply = await call_negotiator(user_id, body, self.op)
+            except asyncio.TimeoutError:
+                return self.error(503, "no answer within 30s (rebalancing?); retry with the same requestId")
+            if reply.get("error"):
+                return self.error(400, reply["error"])
+            if self.op == "remember":
+                return self.reply(reply["remembered"])  # the stored view, or null: write flag off
+            return self.reply(forget_result_of(reply["forget"]))
+
+    app.page("/v1/negotiator/{user_id}/remember")(type("Remember", (NegotiatorView,), {"op": "remember"}))
+    app.page("/v1/negotiator/{user_id}/forget")(type("Forget", (NegotiatorView,), {"op": "forget"}))

@@ -1,0 +1,80 @@
+"""session.events.v1 → session.compactions.v1: the per-session compaction ledger (SPEC §4.8;
+rules in streams/sessions/lifecycle.py).
+
+State lives in the `session-ledger` table keyed by the message key (the session id, so the
+table's changelog partition is the source partition). For each event:
+
+- the event goes through `lifecycle.step` against the state of the session its *key* names (a new
+  session starts from `lifecycle.new_state(key)`). An event whose `sessionId` differs from its key
+  is therefore caught by the lifecycle itself (rule `event.session_mismatch`): it is dead-lettered
+  with that rule id and counted in the session's `violationCount`, exactly as
+  `lifecycle.replay` of the session's events counts it, and it changes nothing else;
+- every violation `step` reports becomes one dead letter (stage `apply`, or `validate` for a
+  session mismatch; `error_class` = the rule id, `reason` = "rule: message"). A violation never
+  stops the ledger: the new state is kept and the session continues;
+- a redelivered event (`seq <= lastSeq`: `step` returns the same state object) is counted as a
+  duplicate and produces nothing;
+- otherwise the new ledger record is published to `session.compactions.v1` (key = session id)
+  when it differs from the previous one, and the state is written to the table.
+
+Outputs (ledger record, dead letters) are sent *before* the table write: Faust flushes the
+producer before it commits the source offset, and the table's changelog write is buffered behind
+the outputs, so a crash part-way re-processes the event rather than finding it already in the
+table with its outputs missing. Re-processing is deterministic (same state, same outputs), so the
+effect is at-least-once delivery of identical records — the compacted ledger topic converges.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from faust.web import Request, Response
+
+from .. import catalog, deadletter
+from ..http import AuthError
+from ..sessions import lifecycle
+
+if TYPE_CHECKING:
+    from ..app import Runtime
+
+SOURCES = [catalog.SESSION_EVENTS]
+TABLE = "session-ledger"
+SESSION_MISMATCH = "event.session_mismatch"
+
+
+def register(rt: "Runtime") -> None:
+    app = rt.app
+    table = rt.table(TABLE)
+
+    async def handle(event, key: str, record: dict) -> None:
+        old = table.get(key)
+        base = old if old is not None else lifecycle.new_state(key)
+        new, violations = lifecycle.step(base, record)
+        if new is base and not violations:
+            rt.count(f"duplicate:{catalog.SESSION_EVENTS}")
+            return
+        for v in violations:
+            stage = deadletter.STAGE_VALIDATE if v.rule == SESSION_MISMATCH else deadletter.STAGE_APPLY
+            await rt.dead_letter(event, stage=stage, reason=str(v), error_class=v.rule)
+            rt.count(f"violation:{v.rule}")
+        if old is None or new["record"] != old["record"]:
+            await rt.send(catalog.SESSION_COMPACTIONS, key, lifecycle.to_record(new))
+        table[key] = new
+
+    @app.agent(rt.inputs[catalog.SESSION_EVENTS], name="session-ledger-agent", concurrency=1)
+    async def session_ledger_agent(stream):
+        async for event in stream.events():
+            await rt.guard(event, handle)
+
+    @app.page("/v1/sessions/{session_id}/compactions")
+    class SessionCompactions(rt.View):
+        @app.table_route(table=table, match_info="session_id")
+        async def get(self, request: Request, session_id: str) -> Response:
+            try:
+                self.allowed_level(request)
+            except AuthError as exc:
+                return self.error(401, str(exc))
+            state = table.get(session_id)
+            if state is None:
+                return self.error(404, f"no session {session_id}")
+            return self.reply(lifecycle.to_record(state))
