@@ -91,6 +91,13 @@ class Runtime:
             name, default=None, partitions=self.settings.partitions,
             schema=faust.Schema(key_serializer=faust_codecs.KEY_CODEC, value_serializer="json"),
         )
+        # Faust builds the changelog topic in the constructor with serializers derived from
+        # key_type (json when unset), ignoring the schema: its router (table_route) would then
+        # partition the key's JSON-quoted bytes and forward requests to the wrong worker, and
+        # the changelog keys would not be the source key bytes. Rebuild it with UTF-8 keys.
+        table.key_serializer = faust_codecs.KEY_CODEC
+        table.value_serializer = "json"
+        table.changelog_topic = table._new_changelog_topic()
         self.tables[name] = table
         return table
 

@@ -117,7 +117,7 @@ def _generate(args: argparse.Namespace, s: Settings) -> int:
     unknown = set(kinds) - set(generate.KINDS)
     if unknown:
         raise SettingsError(f"unknown --kinds {', '.join(sorted(unknown))}; choose from {', '.join(generate.KINDS)}")
-    items = generate.generate(seed=args.seed, users=args.users, kinds=kinds)
+    items = generate.generate(seed=args.seed, users=args.users, kinds=kinds, epoch_ms=args.start)
     if args.produce:
         n = generate.produce(items, s)
         print(f"produced {n} records to {s.broker}")
@@ -153,6 +153,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .generate import EPOCH_MS
+
     p = argparse.ArgumentParser(prog="memstream", description="Stream processing for AI-agent memory on Kafka.")
     p.add_argument("--traceback", action="store_true", help="show Python tracebacks on errors")
     sub = p.add_subparsers(dest="command", required=True)
@@ -188,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="write a deterministic sample stream of every input record type")
     gen.add_argument("--seed", type=int, default=7)
     gen.add_argument("--users", type=int, default=5, help="number of users (motebit ids)")
+    gen.add_argument("--start", type=int, default=EPOCH_MS, help="Unix ms where memory timestamps begin (default 2026-11-01)")
     gen.add_argument("--kinds", help="comma-separated subset of memory,negotiator,sessions,graphs,garbage")
     where = gen.add_mutually_exclusive_group()
     where.add_argument("--out", default="sample.jsonl", help="JSON-lines file (default sample.jsonl)")

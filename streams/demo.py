@@ -19,7 +19,9 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from . import catalog, devstack, generate, kafkatools, topics
+from . import catalog, devstack, generate, kafkatools, shipper, topics
+from .graphs import samples as graph_samples
+from .core.nodes import decayed_confidence
 from .agents import consumed_topics
 from .settings import Settings
 from .wire import CodecFactory, decode_key
@@ -75,15 +77,23 @@ def run(s: Settings) -> int:
 
     _say(f"\n== 2. worker (app id {app_id})")
     log_path = Path(s.stack_dir) / "logs" / "demo-worker.log"
-    worker = kafkatools.start_worker(s, app_id, log_path, {"MEMSTREAM_API_TOKENS": DEMO_TOKEN})
+    worker = kafkatools.start_worker(s, app_id, log_path, {"MEMSTREAM_API_TOKENS": DEMO_TOKEN,
+                                                           "MEMSTREAM_TIMER_INTERVAL_S": str(HOUSEKEEPING_S)})
     try:
         _say(f"worker ready (log {log_path}; HTTP API on {s.web_host}:{s.web_port})")
 
-        _say("\n== 3. sample data (memstream generate, seed 7)")
-        items = generate.generate(seed=7)
+        _say("\n== 3. sample data (memstream generate, seed 7, clock starting yesterday)")
+        epoch = (int(time.time() * 1000) // HOUR - 24) * HOUR
+        items = generate.generate(seed=7, epoch_ms=epoch, kinds=("memory", "negotiator", "sessions", "garbage"))
+        items += _expired_memories(items, epoch)
         generate.produce(items, s)
-        in_end = kafkatools.end_offsets(s, inputs)
         _say(f"produced {len(items)} records: " + ", ".join(f"{n} {t}" for t, n in Counter(i.topic for i in items).items()))
+        log_dir = Path("var") / app_id / "graph-logs"
+        runs = graph_samples.generate_graph_runs(7)
+        graph_samples.write_run_files(log_dir, runs)
+        report = shipper.ship_directory(log_dir, s, offsets_path=str(Path("var") / app_id / "shipper.offsets.json"))
+        _say(f"memstream ship-graph-logs {log_dir}: {report.files} files, {report.events} graph events shipped")
+        in_end = kafkatools.end_offsets(s, inputs)
 
         _say("\n== 4. processing")
         consumed = {tp: off for tp, off in in_end.items() if tp[0] in consumed_topics()}
@@ -113,6 +123,16 @@ def run(s: Settings) -> int:
 
 
 DEMO_TOKEN = "demo-token:personal"
+HOUR = 3_600_000
+HOUSEKEEPING_S = 2
+
+
+def _expired_memories(items: list, epoch: int) -> list:
+    """One 400-day-old personal memory per user: past its retention, housekeeping deletes it."""
+    users = sorted({i.key for i in items if i.topic == catalog.MEMORY_CANDIDATES})
+    return [generate.Item(catalog.MEMORY_CANDIDATES, u, generate._candidate(
+        u, f"{u}-old-address", epoch - 400 * 24 * HOUR, "The user lived on Elm Street in 2025.", "personal", "semantic"))
+        for u in users]
 
 
 def show_api(s: Settings, items: list) -> None:
@@ -165,8 +185,72 @@ def show_memory(results: dict[str, list[tuple]]) -> None:
             _say(f"  [{n['sensitivity']:9}] conf {n['confidence']:.2f} x{n['reinforcement_count']}{flags}: {n['content'][:70]}")
 
 
+def show_lifecycle(results: dict[str, list[tuple]]) -> None:
+    ledger = [v for _k, v in results.get(catalog.MEMORY_LEDGER, [])]
+    relay = [v for _k, v in results.get(catalog.MEMORY_RELAY, [])]
+    if not ledger:
+        return
+    now = int(time.time() * 1000)
+    nodes: dict[str, dict | None] = {}
+    for key, value in results.get(catalog.MEMORY_NODES, []):
+        nodes[key] = value
+    live = [n for n in nodes.values() if n is not None and n["valid_until"] is None]
+    _say("\n-- decay: confidence now = c · 0.5^(elapsed / half-life) (pruned under 0.5 unless pinned)")
+    for n in sorted(live, key=lambda n: n["half_life_ms"])[:4]:
+        _say(f"  {n['memory_type']:8} half-life {n['half_life_ms'] / 86_400_000:5.1f} d: stored {n['confidence']:.2f} → "
+             f"now {decayed_confidence(n, now):.2f}  {n['content'][:60]}")
+    housekept = [e for e in ledger if e["event_type"] == "memory_deleted" and e["device_id"] is None]
+    _say(f"  housekeeping deleted {len(housekept)} expired nodes (400-day-old personal memories: retention 365 d)")
+
+    _say("\n-- the ledger vs what a sync peer sees (memory.relay.v1, threshold 'personal')")
+    by_id = {e["event_id"]: e for e in relay}
+    shown = 0
+    for e in ledger:
+        p = e["payload"]
+        if e["event_type"] == "memory_formed" and p.get("sensitivity") in ("medical", "financial") and shown < 2:
+            r = by_id.get(e["event_id"], {}).get("payload", {})
+            _say(f"  ledger: [{p['sensitivity']}] {p['content'][:60]}")
+            _say(f"  relay:  content={r.get('content')!r} redacted={r.get('redacted')} redacted_sensitivity={r.get('redacted_sensitivity')}")
+            shown += 1
+    tomb = next((e for e in relay if e["event_type"] == "memory_formed" and e["payload"].get("redacted_reason") == "deleted"), None)
+    if tomb:
+        _say(f"  deletion tombstone on the relay: node {tomb['payload']['node_id'][:8]}… content={tomb['payload']['content']!r} "
+             f"redacted_reason={tomb['payload']['redacted_reason']!r}")
+    audits_ledger = [e for e in ledger if e["event_type"] == "memory_audit"]
+    _say(f"  memory_audit: {len(audits_ledger)} on the ledger, {sum(e['event_type'] == 'memory_audit' for e in relay)} on the relay (local-only)")
+    if audits_ledger:
+        _say(f"  audit finding: {audits_ledger[0]['payload']['missed_patterns']}")
+
+    replies = [v for _k, v in results.get(catalog.NEGOTIATOR_REPLIES, [])]
+    if replies:
+        _say("\n-- negotiator remember / forget (negotiator.replies.v1)")
+        for r in replies[:7]:
+            if r["op"] == "remember":
+                view = r["remembered"]
+                _say(f"  remember → {view['kind']}: {view['content'][:60]}" if view else f"  remember → {r['error'] or 'null'}")
+            else:
+                f = r["forget"] or {}
+                detail = (f.get("memory") or {}).get("content") or ", ".join(c["content"][:30] for c in f.get("candidates") or [])
+                _say(f"  forget   → {f.get('status')} {detail[:80]}")
+
+
+def show_sessions(results: dict[str, list[tuple]]) -> None:
+    ledgers: dict[str, dict] = {}
+    for key, value in results.get(catalog.SESSION_COMPACTIONS, []):
+        ledgers[key] = value
+    if not ledgers:
+        return
+    _say("\n-- session compaction ledgers (session.compactions.v1, latest per session)")
+    for sid, led in sorted(ledgers.items()):
+        models = sorted({c["model"] for c in led["compactions"] if c.get("model")})
+        _say(f"  {sid}: {len(led['compactions'])} compactions, tokens removed {led['tokensRemoved']} added {led['tokensAdded']} "
+             f"saved {led['tokensSaved']}, violations {led['violationCount']}, models {models}")
+
+
 def show_results(results: dict[str, list[tuple]]) -> None:
     show_memory(results)
+    show_lifecycle(results)
+    show_sessions(results)
     graphs = {}
     for key, value in results.get(catalog.GRAPH_STATE, []):
         graphs[key] = value

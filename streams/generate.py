@@ -157,10 +157,10 @@ def _event(user: str, eid: str, ts: int, clock: int, event_type: str, payload: d
             "version_clock": clock, "event_type": event_type, "payload": payload}
 
 
-def memory_items(rng: random.Random, users: list[str]) -> Iterator[Item]:
+def memory_items(rng: random.Random, users: list[str], epoch_ms: int = EPOCH_MS) -> Iterator[Item]:
     cand_topic = catalog.MEMORY_CANDIDATES
     for u_index, user in enumerate(users):
-        ts = EPOCH_MS + u_index * 7 * MINUTE
+        ts = epoch_ms + u_index * 7 * MINUTE
         facts = rng.sample(FACTS, k=min(len(FACTS), 8 + u_index % 4))
         for fact_no, (topic, sens, mtype, variants, contradiction) in enumerate(facts):
             use_embedding = fact_no % 3 == 0
@@ -251,9 +251,9 @@ def _turns(user: str, ts: int) -> Iterator[Item]:
             "user_message": msg, "agent_reply": reply, "tagged_memories": tagged})
 
 
-def negotiator_items(users: list[str]) -> Iterator[Item]:
+def negotiator_items(users: list[str], epoch_ms: int = EPOCH_MS) -> Iterator[Item]:
     for u_index, user in enumerate(users[:2]):
-        ts = EPOCH_MS + 3 * 60 * MINUTE + u_index * MINUTE
+        ts = epoch_ms + 3 * 60 * MINUTE + u_index * MINUTE
         for r_no, (op, kind, text) in enumerate(NEGOTIATOR):
             ts += MINUTE
             yield Item(catalog.NEGOTIATOR_REQUESTS, user, {
@@ -290,15 +290,16 @@ def garbage_items(users: list[str]) -> Iterator[Item]:
 KINDS = ("memory", "negotiator", "sessions", "graphs", "garbage")
 
 
-def generate(seed: int = 7, users: int = 5, kinds: tuple[str, ...] = KINDS) -> list[Item]:
+def generate(seed: int = 7, users: int = 5, kinds: tuple[str, ...] = KINDS, epoch_ms: int = EPOCH_MS) -> list[Item]:
+    """The sample stream; memory and negotiator timestamps start at `epoch_ms`."""
     rng = random.Random(seed)
     chosen = (USERS * (users // len(USERS) + 1))[:users]
     chosen = [u if i < len(USERS) else f"{u}-{i // len(USERS)}" for i, u in enumerate(chosen)]
     items: list[Item] = []
     if "memory" in kinds:
-        items += memory_items(rng, chosen)
+        items += memory_items(rng, chosen, epoch_ms)
     if "negotiator" in kinds:
-        items += negotiator_items(chosen)
+        items += negotiator_items(chosen, epoch_ms)
     if "sessions" in kinds:
         items += session_items(seed)
     if "graphs" in kinds:

@@ -3,6 +3,8 @@ candidates and memory events; outputs are read back from Kafka and over HTTP."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from streams import catalog
@@ -12,7 +14,7 @@ from .kafka_util import consume, free_port, http_get, produce, worker
 
 pytestmark = pytest.mark.kafka
 
-T0 = 1_793_491_200_000
+T0 = (int(time.time() * 1000) // 60_000 - 120) * 60_000  # recent: housekeeping must not decay the nodes
 MIN = 60_000
 
 
@@ -52,8 +54,11 @@ def test_consolidation_promotion_supersession_gate_and_query_api(stack, unique):
                    "event_type": "memory_deleted", "payload": {"node_id": f"{unique}-dev-node"}}
         # the same event id twice, then the node's deletion
         produce(stack, catalog.MEMORY_EVENTS, [(user, formed), (user, formed), (user, deleted)])
+        # the two input topics are consumed concurrently: wait for the last record of each
         ledger = consume(stack, catalog.MEMORY_LEDGER, lambda out: any(
-            m["key"] == user and m["value"]["event_id"] == f"{unique}-ev-2" for m in out))
+            m["key"] == user and m["value"]["event_id"] == f"{unique}-ev-2" for m in out) and any(
+            m["key"] == user and m["value"]["event_type"] == "memory_consolidated"
+            and m["value"]["payload"]["action"] == "reject" for m in out))
         dev_key = f"{user}/{unique}-dev-node"
         node_rows = consume(stack, catalog.MEMORY_NODES, lambda out: any(
             m["key"] == dev_key and m["value"] is None for m in out))
