@@ -24,6 +24,7 @@ from aiokafka.partitioner import murmur2
 
 from . import catalog, deadletter, faust_codecs
 from .http import api_view, parse_tokens
+from .metrics import Metrics
 from .settings import Settings
 from .wire import CodecFactory, RegistryError, WireFormatError, decode_key
 
@@ -74,7 +75,7 @@ class Runtime:
                     value_serializer=faust_codecs.codec_name(spec.value_schema),
                     partitions=spec.partitions(settings),
                 )
-        self.stats: dict[str, int] = {}
+        self.metrics = Metrics()
         self.tables: dict[str, faust.types.TableT] = {}
         self.View = api_view(parse_tokens(settings.api_tokens))  # base class of every HTTP view
 
@@ -134,7 +135,7 @@ class Runtime:
                     await topic.send(value=now, partition=tp.partition)
 
     def count(self, name: str, n: int = 1) -> None:
-        self.stats[name] = self.stats.get(name, 0) + n
+        self.metrics.inc(name, n)
 
     def decoder(self, topic_name: str) -> Callable[[bytes], dict]:
         return self.codecs.codec(catalog.topic(topic_name).value_schema).decode
@@ -156,7 +157,7 @@ class Runtime:
         record = deadletter.dead_letter(origin, stage=stage, reason=reason, error_class=error_class,
                                         failed_at=int(time.time() * 1000), worker=self.worker_name)
         await self.outputs[catalog.DLQ].send(key=msg.key, value=record, headers=deadletter.connect_headers(record))
-        self.count(f"dlq:{stage}")
+        self.count(f"dlq:{stage}/{error_class}")
         log.info("dead-lettered %s[%s]@%s at %s: %s", msg.topic, msg.partition, msg.offset, stage, reason)
 
     async def guard(self, event: faust.types.EventT, handler: Handler) -> None:
@@ -169,8 +170,10 @@ class Runtime:
         except WireFormatError as exc:
             await self.dead_letter(event, deadletter.STAGE_DECODE, str(exc), type(exc).__name__)
             return
+        started = time.perf_counter()
         try:
             await handler(event, key, record)
+            self.metrics.observe_latency(msg.topic, time.perf_counter() - started)
         except Rejected as exc:
             await self.dead_letter(event, exc.stage, exc.reason, exc.rule)
         except Exception as exc:  # noqa: BLE001 - a bug must not lose the record or stop the worker
