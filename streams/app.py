@@ -23,6 +23,7 @@ import faust
 from aiokafka.partitioner import murmur2
 
 from . import catalog, deadletter, faust_codecs
+from .analytics import classify_dead_letter
 from .http import api_view, parse_tokens
 from .metrics import Metrics
 from .settings import Settings
@@ -76,6 +77,9 @@ class Runtime:
                     partitions=spec.partitions(settings),
                 )
         self.metrics = Metrics()
+        # set by the analytics agent; other agents call it with classified increments
+        self.feed_analytics: Callable[[Any], None] = lambda increments: None
+        self._dlq_index: dict[tuple[str, int], tuple[int, int]] = {}
         self.tables: dict[str, faust.types.TableT] = {}
         self.View = api_view(parse_tokens(settings.api_tokens))  # base class of every HTTP view
 
@@ -157,6 +161,11 @@ class Runtime:
         record = deadletter.dead_letter(origin, stage=stage, reason=reason, error_class=error_class,
                                         failed_at=int(time.time() * 1000), worker=self.worker_name)
         await self.outputs[catalog.DLQ].send(key=msg.key, value=record, headers=deadletter.connect_headers(record))
+        last_offset, index = self._dlq_index.get((msg.topic, msg.partition), (-1, -1))
+        index = index + 1 if last_offset == msg.offset else 0  # the n-th dead letter of this record
+        self._dlq_index[(msg.topic, msg.partition)] = (msg.offset, index)
+        self.feed_analytics(classify_dead_letter(record, int(msg.timestamp * 1000), index=index,
+                                                 partition=msg.partition))
         self.count(f"dlq:{stage}/{error_class}")
         log.info("dead-lettered %s[%s]@%s at %s: %s", msg.topic, msg.partition, msg.offset, stage, reason)
 

@@ -9,9 +9,9 @@ if TYPE_CHECKING:
 
 
 def _modules():
-    from . import graphs, memory, sessions
+    from . import analytics, graphs, memory, ops, sessions
 
-    return [memory, graphs, sessions]
+    return [analytics, memory, graphs, sessions, ops]
 
 
 def consumed_topics() -> list[str]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from faust.web import Request, Response
 
 from .. import catalog
+from ..analytics import classify_graph_budget
 from ..http import AuthError
 from ..app import Rejected
 from ..graphs import state as graph_state
@@ -43,6 +44,7 @@ def register(rt: "Runtime") -> None:
             return
         table[key] = new
         await rt.send(catalog.GRAPH_STATE, key, graph_state.to_record(new))
+        rt.feed_analytics(classify_graph_budget(old, new))
 
     @app.agent(rt.inputs[catalog.GRAPH_EVENTS], name="graph-state-agent")
     async def graph_state_agent(stream):

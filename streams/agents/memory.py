@@ -45,6 +45,7 @@ from ..core import (
     process_candidate,
     process_event,
 )
+from ..analytics import classify_outcome
 from ..core.audit import audit_turn
 from ..core.housekeeping import HousekeepingPolicy, sweep_memory
 from ..core.negotiator import forget_result_of, forgotten_fingerprints, handle_request, nodes_to_forget
@@ -169,11 +170,14 @@ def register(rt: "Runtime") -> None:
     async def emit(key: str, um: UserMemory, out: Outcome) -> None:
         """Send an outcome: ledger and its relay view, quarantine, node rows; then the tables."""
         threshold = threshold_for(key, store.relay_policy, rt.settings.relay_threshold)
+        relayed = []
         for ev in out.ledger:
             await rt.send(catalog.MEMORY_LEDGER, key, ev)
             for peer_ev in relay_events(ev, threshold, um.deleted_node_ids,
                                         deleted_fingerprints=um.deleted_fingerprints):
                 await rt.send(catalog.MEMORY_RELAY, key, peer_ev)
+                relayed.append(peer_ev)
+        rt.feed_analytics(classify_outcome(out, relayed))
         for q in out.quarantined:
             await rt.send(catalog.MEMORY_QUARANTINE, key, q)
         for node in out.node_upserts:

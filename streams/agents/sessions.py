@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from faust.web import Request, Response
 
 from .. import catalog, deadletter
+from ..analytics import classify_compaction
 from ..http import AuthError
 from ..sessions import lifecycle
 
@@ -59,6 +60,7 @@ def register(rt: "Runtime") -> None:
             rt.count(f"violation:{v.rule}")
         if old is None or new["record"] != old["record"]:
             await rt.send(catalog.SESSION_COMPACTIONS, key, lifecycle.to_record(new))
+            rt.feed_analytics(classify_compaction(old, new, record["ts"]))
         table[key] = new
 
     @app.agent(rt.inputs[catalog.SESSION_EVENTS], name="session-ledger-agent", concurrency=1)

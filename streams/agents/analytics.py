@@ -1,0 +1,123 @@
+"""Windowed activity analytics → memory.analytics.v1 and the analytics HTTP API.
+The rules (classification, event-time windows, lateness, expiry) are in `streams/analytics`.
+
+Other agents feed increments with `rt.feed_analytics(increments)` inside the event they are
+processing (so the `analytics` table write lands on that event's partition, which owns the
+subject). A partition-local timer publishes every window whose aggregate changed and expires
+old ones; the state is a table, so after a restart or a rebalance the recovered windows are
+still published and expired (no reliance on Faust's window-close callback).
+
+Record key: the catalog keys memory.analytics.v1 by `motebit_id`; each record is the complete
+aggregate of one window (`window`, `window_start` in the value), so re-publishing is harmless.
+Because the topic is compacted, a reader that starts late sees only the latest window per
+user: read it live, or ask the HTTP API for history. Session and graph aggregates are published
+under `session:<id>` / `graph:<id>` keys (they have no user).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Iterable
+
+from faust.web import Request, Response
+
+from .. import catalog
+from ..analytics import (
+    HOUR,
+    MINUTE,
+    add_increment,
+    expire,
+    mark_published,
+    merge_summaries,
+    new_state,
+    partition_clock,
+    records_due,
+    subject_partition,
+    summarize,
+    windows_of,
+)
+from ..analytics import to_record as window_record
+from ..http import AuthError
+
+if TYPE_CHECKING:
+    from ..app import Runtime
+
+SOURCES: list[str] = []  # fed by the other agents, reads no topic of its own
+WINDOW_PARAM = {"1m": MINUTE, "1h": HOUR}
+
+
+def register(rt: "Runtime") -> None:
+    app = rt.app
+    table = rt.table("analytics")
+
+    def feed(increments: Iterable) -> None:
+        now = int(time.time() * 1000)
+        for inc in increments:
+            state = table.get(inc.subject) or new_state(inc.subject)
+            result = add_increment(state, inc, now_ms=now)
+            for refused in result.refused:
+                rt.count(f"analytics_refused:{refused.reason}")
+            table[inc.subject] = state
+
+    rt.feed_analytics = feed
+
+    async def publish(partition: int, now_ms: int) -> None:
+        mine = [(s, st) for s, st in list(table.items())
+                if st is not None and subject_partition(s, rt.partition_of) == partition]
+        clock = partition_clock(st for _s, st in mine)
+        for subject, state in mine:
+            pairs = records_due(state)
+            for _snapshot, record in pairs:
+                await rt.send(catalog.MEMORY_ANALYTICS, subject, record)
+            mark_published(state, [snap for snap, _r in pairs])
+            dropped = expire(state, clock)
+            if pairs or dropped:
+                table[subject] = state
+
+    rt.ticks("analytics", catalog.MEMORY_CANDIDATES, publish)
+
+    # registered first: aiohttp matches in order, so /summary is not taken for a motebit_id
+    @app.page("/v1/analytics/summary")
+    class FleetSummary(rt.View):
+        async def get(self, request: Request) -> Response:
+            """This worker's subjects; with ?scope=fleet, merged with every other worker's."""
+            try:
+                self.allowed_level(request)
+            except AuthError as exc:
+                return self.error(401, str(exc))
+            size = WINDOW_PARAM.get(request.query.get("window", "1h"))
+            if size is None:
+                return self.error(400, "window must be 1m or 1h")
+            local = summarize((st for _s, st in table.items()), window=size)
+            if request.query.get("scope") != "fleet":
+                return self.reply(local)
+            parts = [local]
+            here = str(app.conf.canonical_url).rstrip("/")
+            for url in {str(u).rstrip("/") for u in rt.app.router.tables_metadata()} - {here}:
+                async with app.http_client.get(f"{url}/v1/analytics/summary?window={request.query.get('window', '1h')}",
+                                               headers={"Authorization": request.headers.get("Authorization", "")}) as r:
+                    if r.status == 200:
+                        parts.append(await r.json())
+            return self.reply(merge_summaries(parts))
+
+    @app.page("/v1/analytics/{motebit_id}")
+    class UserAnalytics(rt.View):
+        @app.table_route(table=table, match_info="motebit_id")
+        async def get(self, request: Request, motebit_id: str) -> Response:
+            try:
+                self.allowed_level(request)
+            except AuthError as exc:
+                return self.error(401, str(exc))
+            size = WINDOW_PARAM.get(request.query.get("window", "1m"))
+            if size is None:
+                return self.error(400, "window must be 1m or 1h")
+            try:
+                lo = int(request.query.get("from", 0))
+                hi = int(request.query.get("to", 2**62))
+            except ValueError:
+                return self.error(400, "from and to are Unix milliseconds")
+            state = table.get(motebit_id)
+            windows = [window_record(motebit_id, w) for w in windows_of(state, size)] if state else []
+            windows = [w for w in windows if lo <= w["window_start"] < hi]
+            return self.reply({"motebit_id": motebit_id, "window": request.query.get("window", "1m"),
+                               "windows": windows})
