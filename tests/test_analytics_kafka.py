@@ -87,3 +87,15 @@ def test_windows_count_exactly_per_event_time_and_late_events_land_in_their_wind
         ("minute", m1): 3, ("minute", m2): 1}
     assert [w["formed"] for w in hour_api[1]["windows"]] == [hours[hour]["formed"]]
     assert summary[0] == 200 and bad[0] == 400
+
+    # Restart the worker (same group, same tables): the recovered windows keep counting — one
+    # more memory formed in minute m2 republishes m2 with formed 2, not a fresh count of 1.
+    extra = _candidate(user, f"{unique}-after-restart", m2 + 9000, "The user runs a chess club on Fridays.")
+    with worker(stack, f"an2-{unique}", env={**env, "MEMSTREAM_WEB_PORT": str(free_port())}):
+        produce(stack, catalog.MEMORY_CANDIDATES, [(user, extra)])
+        again = consume(stack, catalog.MEMORY_ANALYTICS, lambda out: any(
+            m["key"] == user and m["value"]["window"] == "minute" and m["value"]["window_start"] == m2
+            and m["value"]["formed"] == 2 for m in out), timeout=60)
+    after = _latest([m["value"] for m in again if m["key"] == user])
+    assert after[("minute", m2)]["formed"] == 2 and after[("minute", m2)]["superseded"] == 1
+    assert after[("minute", m1)] == latest[("minute", m1)]  # untouched window: same aggregate
