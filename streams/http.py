@@ -7,7 +7,8 @@ embedding). A request without a valid token gets 401. Views subclass `ApiView`.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from functools import wraps
+from typing import Any, Awaitable, Callable, Mapping
 
 import orjson
 from faust.web import Request, Response, View
@@ -107,6 +108,22 @@ class ApiView(View):
     def allowed_level(self, request: Request) -> str:
         """The sensitivity the caller may read; raises AuthError (answer with `self.error(401, …)`)."""
         return authorize(request.headers, self.tokens)
+
+
+def authenticated(fun: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+    """View-method decorator: 401 without a valid bearer token, else the method is called with
+    `allowed=` the sensitivity level the token may read. Put it outermost (above
+    `table_route`): a request is refused where it arrives; a forwarded one is checked again."""
+
+    @wraps(fun)
+    async def checked(self: ApiView, request: Request, *args: Any, **kwargs: Any) -> Response:
+        try:
+            allowed = self.allowed_level(request)
+        except AuthError as exc:
+            return self.error(401, str(exc))
+        return await fun(self, request, *args, allowed=allowed, **kwargs)
+
+    return checked
 
 
 def api_view(tokens: Mapping[str, str]) -> type[ApiView]:

@@ -37,7 +37,7 @@ from ..analytics import (
     windows_of,
 )
 from ..analytics import to_record as window_record
-from ..http import AuthError
+from ..http import authenticated
 
 if TYPE_CHECKING:
     from ..app import Runtime
@@ -79,12 +79,9 @@ def register(rt: "Runtime") -> None:
     # registered first: aiohttp matches in order, so /summary is not taken for a motebit_id
     @app.page("/v1/analytics/summary")
     class FleetSummary(rt.View):
-        async def get(self, request: Request) -> Response:
+        @authenticated
+        async def get(self, request: Request, allowed: str) -> Response:
             """This worker's subjects; with ?scope=fleet, merged with every other worker's."""
-            try:
-                self.allowed_level(request)
-            except AuthError as exc:
-                return self.error(401, str(exc))
             size = WINDOW_PARAM.get(request.query.get("window", "1h"))
             if size is None:
                 return self.error(400, "window must be 1m or 1h")
@@ -102,12 +99,9 @@ def register(rt: "Runtime") -> None:
 
     @app.page("/v1/analytics/{motebit_id}")
     class UserAnalytics(rt.View):
+        @authenticated
         @app.table_route(table=table, match_info="motebit_id")
-        async def get(self, request: Request, motebit_id: str) -> Response:
-            try:
-                self.allowed_level(request)
-            except AuthError as exc:
-                return self.error(401, str(exc))
+        async def get(self, request: Request, motebit_id: str, allowed: str) -> Response:
             size = WINDOW_PARAM.get(request.query.get("window", "1m"))
             if size is None:
                 return self.error(400, "window must be 1m or 1h")

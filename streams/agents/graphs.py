@@ -14,7 +14,7 @@ from faust.web import Request, Response
 
 from .. import catalog
 from ..analytics import classify_graph_budget
-from ..http import AuthError
+from ..http import authenticated
 from ..app import Rejected
 from ..graphs import state as graph_state
 
@@ -65,12 +65,9 @@ def register(rt: "Runtime") -> None:
 
     @app.page("/v1/graphs/{graph_id}")
     class GraphView(rt.View):
+        @authenticated
         @app.table_route(table=table, match_info="graph_id")
-        async def get(self, request: Request, graph_id: str) -> Response:
-            try:
-                self.allowed_level(request)
-            except AuthError as exc:
-                return self.error(401, str(exc))
+        async def get(self, request: Request, graph_id: str, allowed: str) -> Response:
             st = table.get(graph_id)
             if st is None:
                 return self.error(404, f"no graph {graph_id}")

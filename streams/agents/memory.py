@@ -52,7 +52,7 @@ from ..core.negotiator import forget_result_of, forgotten_fingerprints, handle_r
 from ..core.redaction import relay_events, threshold_for
 from ..deadletter import STAGE_VALIDATE
 from ..core.vocabulary import SENSITIVITY_LEVELS
-from ..http import AuthError, BadRequest, mask_node
+from ..http import BadRequest, authenticated, mask_node
 
 if TYPE_CHECKING:
     from ..app import Runtime
@@ -247,12 +247,9 @@ def register(rt: "Runtime") -> None:
 
     @app.page("/v1/memory/{motebit_id}/nodes")
     class UserNodes(rt.View):
+        @authenticated
         @app.table_route(table=store.aux, match_info="motebit_id")
-        async def get(self, request: Request, motebit_id: str) -> Response:
-            try:
-                allowed = self.allowed_level(request)
-            except AuthError as exc:
-                return self.error(401, str(exc))
+        async def get(self, request: Request, motebit_id: str, allowed: str) -> Response:
             um = store.user(motebit_id)
             as_of = request.query.get("as_of")
             include = set(filter(None, request.query.get("include", "").split(",")))
@@ -270,12 +267,9 @@ def register(rt: "Runtime") -> None:
 
     @app.page("/v1/memory/{motebit_id}/nodes/{node_id}")
     class OneNode(rt.View):
+        @authenticated
         @app.table_route(table=store.aux, match_info="motebit_id")
-        async def get(self, request: Request, motebit_id: str, node_id: str) -> Response:
-            try:
-                allowed = self.allowed_level(request)
-            except AuthError as exc:
-                return self.error(401, str(exc))
+        async def get(self, request: Request, motebit_id: str, node_id: str, allowed: str) -> Response:
             node = store.user(motebit_id).node(node_id)
             if node is None:
                 return self.error(404, f"no node {node_id} for {motebit_id}")
@@ -283,12 +277,10 @@ def register(rt: "Runtime") -> None:
 
     @app.page("/v1/relay/{motebit_id}/threshold")
     class RelayThreshold(rt.View):
-        async def put(self, request: Request, motebit_id: str) -> Response:
+        @authenticated
+        async def put(self, request: Request, motebit_id: str, allowed: str) -> Response:
             try:
-                self.allowed_level(request)
                 level = (await self.json_body(request)).get("threshold")
-            except AuthError as exc:
-                return self.error(401, str(exc))
             except BadRequest as exc:
                 return self.error(400, str(exc))
             if level not in SENSITIVITY_LEVELS:
@@ -296,11 +288,8 @@ def register(rt: "Runtime") -> None:
             await policy_topic.send(key=motebit_id.encode(), value=level.encode())
             return self.reply({"motebit_id": motebit_id, "threshold": level, "status": "accepted"}, 202)
 
-        async def get(self, request: Request, motebit_id: str) -> Response:
-            try:
-                self.allowed_level(request)
-            except AuthError as exc:
-                return self.error(401, str(exc))
+        @authenticated
+        async def get(self, request: Request, motebit_id: str, allowed: str) -> Response:
             return await self.route(request, store.relay_policy, motebit_id, lambda: self._local(motebit_id))
 
         async def _local(self, motebit_id: str) -> Response:
@@ -326,12 +315,10 @@ def register(rt: "Runtime") -> None:
     class NegotiatorView(rt.View):
         op = ""
 
-        async def post(self, request: Request, user_id: str) -> Response:
+        @authenticated
+        async def post(self, request: Request, user_id: str, allowed: str) -> Response:
             try:
-                self.allowed_level(request)
                 body = await self.json_body(request)
-            except AuthError as exc:
-                return self.error(401, str(exc))
             except BadRequest as exc:
                 return self.error(400, str(exc))
             return await self.route(request, store.negotiator, user_id, lambda: self._local(user_id, body))

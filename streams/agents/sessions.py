@@ -32,7 +32,7 @@ from faust.web import Request, Response
 
 from .. import catalog, deadletter
 from ..analytics import classify_compaction
-from ..http import AuthError
+from ..http import authenticated
 from ..sessions import lifecycle
 
 if TYPE_CHECKING:
@@ -70,12 +70,9 @@ def register(rt: "Runtime") -> None:
 
     @app.page("/v1/sessions/{session_id}/compactions")
     class SessionCompactions(rt.View):
+        @authenticated
         @app.table_route(table=table, match_info="session_id")
-        async def get(self, request: Request, session_id: str) -> Response:
-            try:
-                self.allowed_level(request)
-            except AuthError as exc:
-                return self.error(401, str(exc))
+        async def get(self, request: Request, session_id: str, allowed: str) -> Response:
             state = table.get(session_id)
             if state is None:
                 return self.error(404, f"no session {session_id}")

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streams.analytics import (
-    COUNTERS,
     HOUR,
     MINUTE,
     TOO_EARLY,

@@ -96,7 +96,7 @@ def test_restart_from_durable_state_converges(seed, n, data):
     ops, end = _stream(seed, n)
     cut = data.draw(st.integers(0, len(ops)))
     steady = UserMemory("u1", index_config=cfg)
-    before = _run(steady, ops[:cut])
+    _run(steady, ops[:cut])
     restarted = UserMemory.from_nodes("u1", list(steady.clone().nodes())[::-1], steady.aux_record(), index_config=cfg)
     assert _run(restarted, ops[cut:]) == _run(steady, ops[cut:])
     assert list(restarted.nodes()) == list(steady.nodes())

@@ -1,8 +1,6 @@
 """Deterministic sample graph runs and corrupt lines."""
 
-import ast
 import os
-import pathlib
 
 from streams.graphs import samples, state as graph_state
 from streams.graphs.paths import ParseError, graph_events_hash, parse_line
@@ -65,23 +63,6 @@ def test_write_run_files_names_files_by_graph_hash(tmp_path):
         assert graph_state.to_record(st)["phase"] == "complete" or r.expected["phase"] == "executing"
     first_lines, _ = read_new_lines(paths[runs[0].graph_id], 0)
     assert sum(isinstance(parse_line(ln.data), ParseError) for ln in first_lines) == len(bad)
-
-
-FORBIDDEN = ("kafka", "faust", "confluent_kafka", "aiokafka", "mode")
-
-
-def test_graphs_package_is_a_pure_core():
-    pkg = pathlib.Path(graph_state.__file__).parent
-    for path in pkg.glob("*.py"):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                names = [node.module or ""]
-            for n in names:
-                assert n.split(".")[0] not in FORBIDDEN, f"{path.name} imports {n}"
 
 
 def test_samples_and_state_survive_the_avro_wire_format():

@@ -1,13 +1,11 @@
 """The deterministic sample session generator: valid streams pass, broken ones break exactly as labelled."""
 
-import ast
 import json
-import pathlib
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from streams.sessions import lifecycle, samples
+from streams.sessions import samples
 from streams.sessions.lifecycle import RULES, replay, to_record
 from streams.sessions.tokens import price_message
 
@@ -92,23 +90,6 @@ def test_sample_mix_labels():
 def test_unknown_scenario():
     with pytest.raises(KeyError):
         samples.broken_session("no.such.rule", 1)
-
-
-FORBIDDEN = ("kafka", "faust", "confluent_kafka", "aiokafka", "mode")
-
-
-def test_sessions_package_is_a_pure_core():
-    pkg = pathlib.Path(lifecycle.__file__).parent
-    for path in pkg.glob("*.py"):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                names = [node.module or ""]
-            for n in names:
-                assert n.split(".")[0] not in FORBIDDEN, f"{path.name} imports {n}"
 
 
 def test_samples_survive_the_avro_wire_format():
