@@ -139,6 +139,38 @@ def _ship_graph_logs(args: argparse.Namespace, s: Settings) -> int:
     return shipper.run(args.directory, s, once=args.once, offsets_path=args.offsets, poll_s=args.poll)
 
 
+def _ops_call(run: Callable[[], int]) -> int:
+    from .ops import OpsError
+
+    try:
+        return run()
+    except OpsError as exc:
+        print(f"memstream: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _status(args: argparse.Namespace, s: Settings) -> int:
+    from . import ops
+
+    workers = [u.strip() for u in args.workers.split(",") if u.strip()] if args.workers else None
+    return _ops_call(lambda: ops.status(s, workers=workers, as_json=args.json))
+
+
+def _dlq(args: argparse.Namespace, s: Settings) -> int:
+    from . import ops
+
+    if args.dlq_cmd == "inspect":
+        narrow = ops.Filter(args.topic, args.stage, args.error_class)
+        return _ops_call(lambda: ops.inspect(s, narrow=narrow, limit=args.limit, as_json=args.json))
+
+    def run() -> int:
+        offsets = ops.parse_offsets(args.offsets) if args.offsets is not None else None
+        return ops.replay(s, offsets=offsets, error_class=args.error_class, select_all=args.all,
+                          narrow=ops.Filter(args.topic, args.stage), dry_run=args.dry_run)
+
+    return _ops_call(run)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "dev": _dev,
     "topics": _topics,
@@ -149,6 +181,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "generate": _generate,
     "demo": _demo,
     "ship-graph-logs": _ship_graph_logs,
+    "status": _status,
+    "dlq": _dlq,
 }
 
 
@@ -203,6 +237,27 @@ def build_parser() -> argparse.ArgumentParser:
     ship.add_argument("--once", action="store_true", help="ship what is there now and exit (default: follow until SIGINT/SIGTERM)")
     ship.add_argument("--offsets", metavar="FILE", help="offsets file (default: one per DIR under MEMSTREAM_SHIPPER_OFFSETS_DIR)")
     ship.add_argument("--poll", metavar="SECONDS", type=float, help="seconds between scans (overrides MEMSTREAM_SHIPPER_POLL_S)")
+
+    st = sub.add_parser("status", help="the consumer group's workers, their partitions, lag and /health (exit 1 unless all ready)")
+    st.add_argument("--workers", metavar="URL,...", help="worker web URLs to health-check (default: decoded from the group's Faust metadata)")
+    st.add_argument("--json", action="store_true", help="print one JSON document")
+
+    dlq = sub.add_parser("dlq", help="inspect or replay pipeline.dlq.v1")
+    dlq_sub = dlq.add_subparsers(dest="dlq_cmd", required=True)
+    ins = dlq_sub.add_parser("inspect", help="one line per dead letter (reads the DLQ from the beginning)")
+    ins.add_argument("--topic", help="only dead letters from this original topic (e.g. graph.events.v1, file:<name>)")
+    ins.add_argument("--stage", help="only this stage (decode, validate, apply, ship)")
+    ins.add_argument("--error-class", help="only this error class (e.g. UnknownMagicByteError, memory.key_mismatch)")
+    ins.add_argument("--limit", type=int, metavar="N", help="only the N most recent")
+    ins.add_argument("--json", action="store_true", help="one JSON object per line")
+    rep = dlq_sub.add_parser("replay", help="send dead letters' original key and value back to their topic")
+    which = rep.add_mutually_exclusive_group(required=True)
+    which.add_argument("--offsets", metavar="P:O,...", help="DLQ partition:offset of each dead letter (as `dlq inspect` prints)")
+    which.add_argument("--error-class", help="every dead letter of this error class")
+    which.add_argument("--all", action="store_true", help="every replayable dead letter")
+    rep.add_argument("--topic", help="only dead letters from this original topic")
+    rep.add_argument("--stage", help="only this stage")
+    rep.add_argument("--dry-run", action="store_true", help="list what would be replayed; send nothing")
     return p
 
 
