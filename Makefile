@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench stack-up stack-down clean
+.PHONY: demo test bench browser stack-up stack-down clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/memstream demo
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+browser:
+	bash scripts/install-browser.sh
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py

@@ -9,9 +9,9 @@ if TYPE_CHECKING:
 
 
 def _modules():
-    from . import analytics, graphs, memory, ops, sessions
+    from . import analytics, dashboard, graphs, memory, ops, sessions
 
-    return [analytics, memory, graphs, sessions, ops]
+    return [analytics, memory, graphs, sessions, ops, dashboard]
 
 
 def consumed_topics() -> list[str]:
