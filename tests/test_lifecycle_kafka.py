@@ -58,15 +58,18 @@ def test_relay_redacts_tombstones_and_never_forwards_audits_housekeeping_prunes(
             "turn_id": f"{unique}-turn", "motebit_id": user, "timestamp": t0 + 2 * MIN,
             "user_message": "I prefer window seats when I fly.", "agent_reply": "Noted.", "tagged_memories": []})])
         allergy_node = node_id_for(user, allergy)
+        old_node = node_id_for(user, f"{unique}-old")
         # delete only once the node is formed (the two input topics are consumed concurrently)
         consume(stack, catalog.MEMORY_RELAY, lambda out: any(
             m["key"] == user and m["value"]["payload"].get("node_id") == allergy_node for m in out))
         produce(stack, catalog.MEMORY_EVENTS, [(user, {
             "event_id": f"{unique}-del", "motebit_id": user, "device_id": "phone", "timestamp": t0 + 3 * MIN,
             "version_clock": 9, "event_type": "memory_deleted", "payload": {"node_id": allergy_node}})])
-        old_node = node_id_for(user, f"{unique}-old")
-        relay = consume(stack, catalog.MEMORY_RELAY, lambda out: sum(
-            1 for m in out if m["key"] == user and m["value"]["event_type"] == "memory_deleted") >= 2)
+        relay = consume(stack, catalog.MEMORY_RELAY, lambda out: any(  # the allergy's tombstone ...
+            m["key"] == user and m["value"]["payload"].get("redacted_reason") == "deleted"
+            and m["value"]["payload"].get("node_id") == allergy_node for m in out) and any(
+            m["key"] == user and m["value"]["event_type"] == "memory_deleted"  # ... and housekeeping's
+            and m["value"]["payload"].get("node_id") == old_node for m in out))
         node_rows = consume(stack, catalog.MEMORY_NODES, lambda out: all(
             any(m["key"] == f"{user}/{n}" and m["value"] is None for m in out) for n in (allergy_node, old_node)))
         ledger = consume(stack, catalog.MEMORY_LEDGER, lambda out: any(
