@@ -290,18 +290,26 @@ def _start_kafka(s: Settings, libs: Path) -> float:
            "-Dorg.slf4j.simpleLogger.showDateTime=true"]
     if not (data / "meta.properties").exists():
         cluster_id = _kafka_cluster_id()
-        subprocess.run(
-            [java, *jvm, "-cp", cp, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(conf)],
-            check=True, stdout=open(KAFKA.log_file(s), "ab"), stderr=subprocess.STDOUT,
-        )
+        with open(KAFKA.log_file(s), "ab") as log:
+            formatted = subprocess.run(
+                [java, *jvm, "-cp", cp, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(conf)],
+                stdout=log, stderr=subprocess.STDOUT,
+            )
+        if formatted.returncode != 0:
+            raise StackError(f"formatting Kafka's storage failed; read {KAFKA.log_file(s)}")
     pid = _spawn(KAFKA, s, [java, *jvm, "-cp", cp, "kafka.Kafka", str(conf)], root)
     return _wait(KAFKA, s, pid, lambda: kafka_ready(s))
 
 
 def _kafka_cluster_id() -> str:
+    """A random Kafka cluster id (base64url of 16 bytes). Like Kafka's own Uuid.randomUuid, never
+    one starting with "-", which the storage tool's argument parser would take for an option."""
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def _start_registry(s: Settings, app: Path) -> float:

@@ -87,3 +87,11 @@ def test_worker_refuses_to_start_without_topics():
     assert res.returncode == 2
     assert res.stderr.startswith("memstream: error: cannot reach Kafka at 127.0.0.1:1")
     assert "Traceback" not in res.stderr
+
+
+def test_kafka_cluster_ids_never_look_like_options():
+    from streams.devstack import _kafka_cluster_id
+
+    ids = {_kafka_cluster_id() for _ in range(2000)}  # ~1 in 64 raw ids starts with "-"
+    assert len(ids) == 2000 and not any(i.startswith("-") for i in ids)
+    assert all(len(i) == 22 for i in ids)
