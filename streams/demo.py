@@ -247,9 +247,28 @@ def show_sessions(results: dict[str, list[tuple]]) -> None:
              f"saved {led['tokensSaved']}, violations {led['violationCount']}, models {models}")
 
 
+def show_analytics(results: dict[str, list[tuple]]) -> None:
+    latest: dict[tuple, dict] = {}
+    for key, rec in results.get(catalog.MEMORY_ANALYTICS, []):
+        latest[(key, rec["window"], rec["window_start"])] = rec
+    hours = [(k, r) for k, r in latest.items() if k[1] == "hour" and not k[0].startswith(("session:", "graph:"))]
+    if not hours:
+        return
+    cols = ("formed", "merged", "superseded", "promoted", "redacted", "quarantined", "deleted", "dead_lettered")
+    totals = {c: 0 for c in cols}
+    for (_user, _w, _start), rec in hours:
+        for c in cols:
+            totals[c] += rec[c]
+    minutes = sum(1 for k in latest if k[1] == "minute")
+    _say(f"\n-- analytics (memory.analytics.v1, event-time windows): {minutes} minute and {len(hours)} hour windows "
+         "for users; totals over the hour windows:")
+    _say("  " + "  ".join(f"{c} {totals[c]}" for c in cols))
+
+
 def show_results(results: dict[str, list[tuple]]) -> None:
     show_memory(results)
     show_lifecycle(results)
+    show_analytics(results)
     show_sessions(results)
     graphs = {}
     for key, value in results.get(catalog.GRAPH_STATE, []):
