@@ -13,9 +13,9 @@ from typing import Any, Awaitable, Callable, Mapping
 import orjson
 from faust.web import Request, Response, View
 
+from .core.ingest import REDACTED_CONTENT
 from .core.vocabulary import SENSITIVITY_LEVELS, sensitivity_rank
 
-REDACTED = "[REDACTED]"
 
 
 class AuthError(Exception):
@@ -60,7 +60,7 @@ def mask_node(node: Mapping[str, Any], allowed: str) -> dict[str, Any]:
     sensitivity = node.get("sensitivity")
     visible = sensitivity in SENSITIVITY_LEVELS and sensitivity_rank(sensitivity) <= sensitivity_rank(allowed)
     if not visible:
-        out["content"] = REDACTED
+        out["content"] = REDACTED_CONTENT
         out["redacted"] = True
     return out
 
