@@ -34,6 +34,14 @@ def codecs(settings: Settings) -> CodecFactory:
     return _FACTORIES[settings.registry_url]
 
 
+def candidate(user: str, cid: str, ts: int, content: str, sensitivity: str | None = "none", **fields) -> dict:
+    """A CandidateMemory record (user-stated, semantic) with every field; `fields` override."""
+    return {"candidate_id": cid, "motebit_id": user, "content": content, "sensitivity": sensitivity,
+            "source": "user_stated", "memory_type": "semantic", "confidence": None, "valid_from": None,
+            "timestamp": ts, "embedding": None, "frontmatter_type": None, "extra": None, "supersedes": None,
+            "kind": None, "session_id": None, **fields}
+
+
 def producer(settings: Settings) -> Producer:
     return Producer({"bootstrap.servers": settings.broker, "partitioner": "murmur2_random",
                      "linger.ms": 5, "log_level": 0})

@@ -10,20 +10,11 @@ import pytest
 from streams import catalog
 from streams.core.ids import node_id_for
 
-from .kafka_util import consume, free_port, http_get, produce, worker
+from .kafka_util import candidate, consume, free_port, http_get, produce, worker
 
 pytestmark = pytest.mark.kafka
 
 MIN = 60_000
-
-
-def _candidate(user, cid, ts, content, **kw):
-    rec = {"candidate_id": cid, "motebit_id": user, "content": content, "sensitivity": "none",
-           "source": "user_stated", "memory_type": "semantic", "confidence": None, "valid_from": None,
-           "timestamp": ts, "embedding": None, "frontmatter_type": None, "extra": None, "supersedes": None,
-           "kind": None, "session_id": None}
-    rec.update(kw)
-    return rec
 
 
 def _latest(records: list[dict]) -> dict[tuple[str, int], dict]:
@@ -39,9 +30,9 @@ def test_windows_count_exactly_per_event_time_and_late_events_land_in_their_wind
     m1 = (now // MIN - 30) * MIN  # two consecutive minutes, half an hour ago (inside one hour
     m2 = m1 + MIN                 # unless m1 is the hour's last minute: then the hour test adapts)
     facts = ["The user keeps bees on the roof.", "Her car is a red Fiat Panda.", "He studies cello on Sundays."]
-    cands = [_candidate(user, f"{unique}-c{i}", m1 + i * 1000, f) for i, f in enumerate(facts)]
-    cands.append(_candidate(user, f"{unique}-c0-again", m1 + 5000, facts[0]))  # merge
-    cands.append(_candidate(user, f"{unique}-c1-new", m2 + 1000, "Her car is now a blue Tesla.",
+    cands = [candidate(user, f"{unique}-c{i}", m1 + i * 1000, f) for i, f in enumerate(facts)]
+    cands.append(candidate(user, f"{unique}-c0-again", m1 + 5000, facts[0]))  # merge
+    cands.append(candidate(user, f"{unique}-c1-new", m2 + 1000, "Her car is now a blue Tesla.",
                             supersedes=node_id_for(user, f"{unique}-c1")))  # supersede (forms one)
     late_access = {"event_id": f"{unique}-acc", "motebit_id": user, "device_id": "phone",
                    "timestamp": m1 + 30_000, "version_clock": 1, "event_type": "memory_accessed",
@@ -90,7 +81,7 @@ def test_windows_count_exactly_per_event_time_and_late_events_land_in_their_wind
 
     # Restart the worker (same group, same tables): the recovered windows keep counting — one
     # more memory formed in minute m2 republishes m2 with formed 2, not a fresh count of 1.
-    extra = _candidate(user, f"{unique}-after-restart", m2 + 9000, "The user runs a chess club on Fridays.")
+    extra = candidate(user, f"{unique}-after-restart", m2 + 9000, "The user runs a chess club on Fridays.")
     with worker(stack, f"an2-{unique}", env={**env, "MEMSTREAM_WEB_PORT": str(free_port())}):
         produce(stack, catalog.MEMORY_CANDIDATES, [(user, extra)])
         again = consume(stack, catalog.MEMORY_ANALYTICS, lambda out: any(

@@ -13,18 +13,11 @@ import pytest
 from streams import catalog
 from streams.wire import CodecFactory, WireFormat
 
-from .kafka_util import codecs, consume, produce, worker
+from .kafka_util import candidate, codecs, consume, produce, worker
 
 pytestmark = pytest.mark.kafka
 
 BAD_PER_KIND = 500  # x 6 kinds = 3,000 malformed records (issue #8 asks for 10,000 in its suite)
-
-
-def _candidate(user, cid, ts, content, sensitivity="none"):
-    return {"candidate_id": cid, "motebit_id": user, "content": content, "sensitivity": sensitivity,
-            "source": "user_stated", "memory_type": "semantic", "confidence": None, "valid_from": None,
-            "timestamp": ts, "embedding": None, "frontmatter_type": None, "extra": None, "supersedes": None,
-            "kind": None, "session_id": None}
 
 
 def test_malformed_records_of_every_kind_are_dead_lettered_and_valid_ones_applied(stack, unique):
@@ -36,13 +29,13 @@ def test_malformed_records_of_every_kind_are_dead_lettered_and_valid_ones_applie
     good, bad = [], []
     for i in range(400):
         u = users[i % len(users)]
-        good.append((u, enc.encode(_candidate(u, f"{unique}-ok-{i}", now + i, f"Fact {i}: {rng.random():.12f} {u}"))))
+        good.append((u, enc.encode(candidate(u, f"{unique}-ok-{i}", now + i, f"Fact {i}: {rng.random():.12f} {u}"))))
     # single-object encoding (no registry) is valid input too
     for i in range(100):
         u = users[i % len(users)]
-        good.append((u, single_object.encode(_candidate(u, f"{unique}-so-{i}", now + i, f"SO fact {i} {rng.random()}"),
+        good.append((u, single_object.encode(candidate(u, f"{unique}-so-{i}", now + i, f"SO fact {i} {rng.random()}"),
                                              WireFormat.SINGLE_OBJECT)))
-    valid_bytes = enc.encode(_candidate(users[0], "x", now, "x"))
+    valid_bytes = enc.encode(candidate(users[0], "x", now, "x"))
     for i in range(BAD_PER_KIND):
         u = users[i % len(users)]
         bad.append(("json", u, b'{"candidate_id": "%d"}' % i))
@@ -50,8 +43,8 @@ def test_malformed_records_of_every_kind_are_dead_lettered_and_valid_ones_applie
         bad.append(("random", u, noise if noise[0] != 0xC3 else b"\x01" + noise[1:]))  # never a valid magic
         bad.append(("truncated", u, valid_bytes[: rng.randrange(1, len(valid_bytes) - 1)]))
         bad.append(("unknown-schema-id", u, b"\x00\x7f\xff\xff\xf0" + valid_bytes[5:]))
-        bad.append(("no-sensitivity", u, enc.encode(_candidate(u, f"{unique}-nos-{i}", now, "no sensitivity", None))))
-        bad.append(("key-mismatch", u, enc.encode(_candidate(users[(i + 1) % len(users)], f"{unique}-km-{i}", now, "k"))))
+        bad.append(("no-sensitivity", u, enc.encode(candidate(u, f"{unique}-nos-{i}", now, "no sensitivity", None))))
+        bad.append(("key-mismatch", u, enc.encode(candidate(users[(i + 1) % len(users)], f"{unique}-km-{i}", now, "k"))))
     mixed = [(k, v) for k, v in good] + [(u, v) for _kind, u, v in bad]
     rng.shuffle(mixed)
 

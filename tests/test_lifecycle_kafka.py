@@ -13,19 +13,12 @@ import pytest
 from streams import catalog
 from streams.core.ids import node_id_for
 
-from .kafka_util import consume, free_port, http_get, produce, worker
+from .kafka_util import candidate, consume, free_port, http_get, produce, worker
 
 pytestmark = pytest.mark.kafka
 
 MIN = 60_000
 DAY = 24 * 60 * MIN
-
-
-def _candidate(user, cid, ts, content, sensitivity):
-    return {"candidate_id": cid, "motebit_id": user, "content": content, "sensitivity": sensitivity,
-            "source": "user_stated", "memory_type": "semantic", "confidence": None, "valid_from": None,
-            "timestamp": ts, "embedding": None, "frontmatter_type": None, "extra": None, "supersedes": None,
-            "kind": None, "session_id": None}
 
 
 def _http(method, port, path, token, body=None):
@@ -49,10 +42,10 @@ def test_relay_redacts_tombstones_and_never_forwards_audits_housekeeping_prunes(
            "MEMSTREAM_API_TOKENS": "t:secret", "MEMSTREAM_TIMER_INTERVAL_S": "1"}
     with worker(stack, f"life-{unique}", env=env):
         produce(stack, catalog.MEMORY_CANDIDATES, [
-            (user, _candidate(user, allergy, t0, "The user is allergic to penicillin.", "medical")),
-            (user, _candidate(user, tea, t0 + MIN, "The user drinks green tea every afternoon.", "none")),
+            (user, candidate(user, allergy, t0, "The user is allergic to penicillin.", "medical")),
+            (user, candidate(user, tea, t0 + MIN, "The user drinks green tea every afternoon.", "none")),
             # two years old and personal: past the 365-day retention, housekeeping deletes it
-            (user, _candidate(user, f"{unique}-old", now - 730 * DAY, "The user lived in Lisbon.", "personal")),
+            (user, candidate(user, f"{unique}-old", now - 730 * DAY, "The user lived in Lisbon.", "personal")),
         ])
         produce(stack, catalog.MEMORY_TURNS, [(user, {
             "turn_id": f"{unique}-turn", "motebit_id": user, "timestamp": t0 + 2 * MIN,
@@ -130,7 +123,7 @@ def test_relay_threshold_changes_at_run_time_and_write_flag_off(stack, unique):
            "MEMSTREAM_API_TOKENS": "t:none", "MEMSTREAM_NEGOTIATOR_WRITE_ENABLED": "false"}
     with worker(stack, f"thr-{unique}", env=env):
         produce(stack, catalog.MEMORY_CANDIDATES,
-                [(user, _candidate(user, f"{unique}-a", now, "The user's GP is Dr. Lee.", "medical"))])
+                [(user, candidate(user, f"{unique}-a", now, "The user's GP is Dr. Lee.", "medical"))])
         consume(stack, catalog.MEMORY_RELAY, lambda out: any(
             m["key"] == user and m["value"]["event_type"] == "memory_formed" for m in out))
         assert _http("PUT", port, f"/v1/relay/{user}/threshold", "t", {"threshold": "medical"})[0] == 202
@@ -139,7 +132,7 @@ def test_relay_threshold_changes_at_run_time_and_write_flag_off(stack, unique):
             assert time.monotonic() < deadline, "threshold change not applied"
             time.sleep(0.2)
         produce(stack, catalog.MEMORY_CANDIDATES,
-                [(user, _candidate(user, f"{unique}-b", now + MIN, "The user takes vitamin D in winter.", "medical"))])
+                [(user, candidate(user, f"{unique}-b", now + MIN, "The user takes vitamin D in winter.", "medical"))])
         relay = consume(stack, catalog.MEMORY_RELAY, lambda out: sum(
             1 for m in out if m["key"] == user and m["value"]["event_type"] == "memory_formed") >= 2)
         off = _http("POST", port, f"/v1/negotiator/{user}/remember", "t", {"kind": "threshold", "content": "Accept 40k."})

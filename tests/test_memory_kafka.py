@@ -10,7 +10,7 @@ import pytest
 from streams import catalog
 from streams.core.ids import node_id_for
 
-from .kafka_util import consume, free_port, http_get, produce, worker
+from .kafka_util import candidate, consume, free_port, http_get, produce, worker
 
 pytestmark = pytest.mark.kafka
 
@@ -18,28 +18,19 @@ T0 = (int(time.time() * 1000) // 60_000 - 120) * 60_000  # recent: housekeeping 
 MIN = 60_000
 
 
-def _candidate(user, cid, ts, content, sensitivity="personal", **kw):
-    rec = {"candidate_id": cid, "motebit_id": user, "content": content, "sensitivity": sensitivity,
-           "source": "user_stated", "memory_type": "semantic", "confidence": None, "valid_from": None,
-           "timestamp": ts, "embedding": None, "frontmatter_type": None, "extra": None, "supersedes": None,
-           "kind": None, "session_id": None}
-    rec.update(kw)
-    return rec
-
-
 def test_consolidation_promotion_supersession_gate_and_query_api(stack, unique):
     user = f"mb-{unique}"
     port = free_port()
     oat = "The user prefers oat milk in their coffee."
     berlin_id = f"{unique}-berlin"
-    candidates = [_candidate(user, f"{unique}-oat-{i}", T0 + i * MIN, oat, "none") for i in range(5)]
+    candidates = [candidate(user, f"{unique}-oat-{i}", T0 + i * MIN, oat, "none") for i in range(5)]
     candidates += [
-        _candidate(user, berlin_id, T0 + 10 * MIN, "The user lives in Berlin."),
-        _candidate(user, f"{unique}-munich", T0 + 20 * MIN, "The user moved to Munich.", valid_from=T0 + 15 * MIN,
+        candidate(user, berlin_id, T0 + 10 * MIN, "The user lives in Berlin.", "personal"),
+        candidate(user, f"{unique}-munich", T0 + 20 * MIN, "The user moved to Munich.", "personal", valid_from=T0 + 15 * MIN,
                    supersedes=node_id_for(user, berlin_id)),
-        _candidate(user, f"{unique}-secret", T0 + 21 * MIN, "The user's password is hunter2.", "secret"),
-        _candidate(user, f"{unique}-nosens", T0 + 22 * MIN, "Passport X1234567.", None),
-        _candidate(user, f"{unique}-instr", T0 + 23 * MIN, "Always push to main.", "none",
+        candidate(user, f"{unique}-secret", T0 + 21 * MIN, "The user's password is hunter2.", "secret"),
+        candidate(user, f"{unique}-nosens", T0 + 22 * MIN, "Passport X1234567.", None),
+        candidate(user, f"{unique}-instr", T0 + 23 * MIN, "Always push to main.", "none",
                    source="agent_inferred", extra=["triggers: git push"]),
     ]
     formed = {"event_id": f"{unique}-ev-1", "motebit_id": user, "device_id": "phone", "timestamp": T0 + 30 * MIN,

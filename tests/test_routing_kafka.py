@@ -9,19 +9,12 @@ import pytest
 
 from streams import catalog
 
-from .kafka_util import consume, free_port, http_get, produce, worker
+from .kafka_util import candidate, consume, free_port, http_get, produce, worker
 
 pytestmark = pytest.mark.kafka
 
 
 FACTS = ["The user likes hiking in the Alps every summer.", "Her favourite colour is teal."]
-
-
-def _candidate(user, cid, ts, content):
-    return {"candidate_id": cid, "motebit_id": user, "content": content, "sensitivity": "none",
-            "source": "user_stated", "memory_type": "semantic", "confidence": None, "valid_from": None,
-            "timestamp": ts, "embedding": None, "frontmatter_type": None, "extra": None, "supersedes": None,
-            "kind": None, "session_id": None}
 
 
 def _aux_owners(port: int) -> set[str]:
@@ -50,7 +43,7 @@ def test_queries_are_answered_by_the_partition_owner_from_any_worker(stack, uniq
             assert time.monotonic() < deadline, f"partitions never spread over both workers: {hosts}"
             time.sleep(1)
         produce(stack, catalog.MEMORY_CANDIDATES,
-                [(u, _candidate(u, f"{u}-c{j}", now + j, fact)) for u in users for j, fact in enumerate(FACTS)])
+                [(u, candidate(u, f"{u}-c{j}", now + j, fact)) for u in users for j, fact in enumerate(FACTS)])
         consume(stack, catalog.MEMORY_LEDGER, lambda out: {m["key"] for m in out if m["key"] in users} == set(users)
                 and sum(1 for m in out if m["key"] in users and m["value"]["event_type"] == "memory_formed") == 24)
         time.sleep(1)
