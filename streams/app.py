@@ -17,15 +17,16 @@ import logging
 import socket
 import time
 from datetime import timedelta
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 import faust
 from aiokafka.partitioner import murmur2
 
-from . import catalog, deadletter, faust_codecs
+from . import catalog, deadletter, effects, faust_codecs
 from .analytics import classify_dead_letter
 from .http import api_view, parse_tokens
 from .metrics import Metrics
+from .rebalance import RebalanceSafeConsumer
 from .settings import Settings
 from .wire import CodecFactory, RegistryError, WireFormatError, decode_key
 
@@ -62,7 +63,14 @@ class Runtime:
             key_serializer="raw",
             value_serializer="raw",
             producer_acks=-1,
+            producer_linger=settings.producer_linger_ms / 1000,
+            broker_session_timeout=settings.session_timeout_s,
+            broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
         )
+        # A batch writes its table rows in one burst; Faust's default (pause the stream at 100
+        # buffered messages and drain them one by one) would throttle every batch.
+        self.app.producer.buffer.max_messages = max(100, settings.batch_max * 20)
+        self.app.transport.Consumer = RebalanceSafeConsumer  # before anything creates app.consumer
         self.inputs: dict[str, faust.TopicT] = {}
         self.outputs: dict[str, faust.TopicT] = {}
         for spec in catalog.topics():
@@ -110,26 +118,37 @@ class Runtime:
         """The partition of a UTF-8 key in every catalog topic (murmur2, as the Java client)."""
         return (murmur2(key.encode()) & 0x7FFFFFFF) % self.settings.partitions
 
-    def ticks(self, name: str, owner_topic: str, handler: Callable[[int, int], Awaitable[None]]) -> None:
+    def ticks(self, name: str, owner_topic: str, handler: Callable[[int, int], Awaitable[None]],
+              cache: "DerivedCache | None" = None, lock: asyncio.Lock | None = None) -> None:
         """A partition-local timer whose handler runs inside an event of partition p.
 
         Faust refuses table writes outside a stream event, and a write's changelog partition is
         the event's partition. So the timer does not touch tables: every MEMSTREAM_TIMER_INTERVAL_S
         it sends a tick (wall-clock ms) to partition p of an internal topic for each partition p
         of `owner_topic` this worker owns; the tick topic has the same partition count and
-        subscribers, so Faust co-partitions it, and `handler(p, now_ms)` runs in that event.
+        subscribers, so Faust co-partitions it, and `handler(p, now_ms)` runs in that event
+        (with the outputs-first protocol of `streams.effects`; pass the `cache` and `lock` of
+        the agent that owns the same state).
         """
+        lock = lock or asyncio.Lock()
+        prepare, on_failure = (cache.refresh, cache.invalidate) if cache else (lambda: None, lambda: None)
         topic = self.app.topic(f"{self.settings.app_id}-{name}-ticks", partitions=self.settings.partitions,
                                internal=True, key_serializer="raw", value_serializer="raw",
                                retention=timedelta(hours=1))
 
+        async def handle(event: faust.types.EventT) -> bool:
+            try:
+                await handler(event.message.partition, int(event.message.value))
+                return True
+            except Exception:  # noqa: BLE001 - a failed sweep must not stop the worker
+                log.exception("%s tick on partition %s failed", name, event.message.partition)
+                return False
+
         @self.app.agent(topic, name=f"{name}-tick-agent")
         async def on_tick(stream):
             async for event in stream.events():
-                try:
-                    await handler(event.message.partition, int(event.message.value))
-                except Exception:  # noqa: BLE001 - a failed sweep must not stop the worker
-                    log.exception("%s tick on partition %s failed", name, event.message.partition)
+                async with lock:  # the sweep's outputs first, then its table writes
+                    await effects.run_batch([event], handle, prepare, on_failure)
 
         @self.app.timer(self.settings.timer_interval_s, name=f"{name}-timer")
         async def send_ticks():
@@ -147,9 +166,10 @@ class Runtime:
     async def send(self, topic_name: str, key: str, value: dict | None,
                    headers: list[tuple[str, bytes]] | None = None) -> None:
         if value is None:  # a tombstone: no codec (Avro has no "null record")
-            await self.outputs[topic_name].send(key=key, value=None, headers=headers, value_serializer="raw")
+            ack = await self.outputs[topic_name].send(key=key, value=None, headers=headers, value_serializer="raw")
         else:
-            await self.outputs[topic_name].send(key=key, value=value, headers=headers)
+            ack = await self.outputs[topic_name].send(key=key, value=value, headers=headers)
+        effects.record_ack(ack)
         self.count(f"out:{topic_name}")
 
     async def dead_letter(self, event: faust.types.EventT, stage: str, reason: str, error_class: str,
@@ -160,7 +180,8 @@ class Runtime:
         origin = deadletter.Origin(msg.topic, msg.partition, msg.offset, msg.key, msg.value if keep_value else None)
         record = deadletter.dead_letter(origin, stage=stage, reason=reason, error_class=error_class,
                                         failed_at=int(time.time() * 1000), worker=self.worker_name)
-        await self.outputs[catalog.DLQ].send(key=msg.key, value=record, headers=deadletter.connect_headers(record))
+        ack = await self.outputs[catalog.DLQ].send(key=msg.key, value=record, headers=deadletter.connect_headers(record))
+        effects.record_ack(ack)
         last_offset, index = self._dlq_index.get((msg.topic, msg.partition), (-1, -1))
         index = index + 1 if last_offset == msg.offset else 0  # the n-th dead letter of this record
         self._dlq_index[(msg.topic, msg.partition)] = (msg.offset, index)
@@ -169,8 +190,9 @@ class Runtime:
         self.count(f"dlq:{stage}/{error_class}")
         log.info("dead-lettered %s[%s]@%s at %s: %s", msg.topic, msg.partition, msg.offset, stage, reason)
 
-    async def guard(self, event: faust.types.EventT, handler: Handler) -> None:
-        """Decode the event's key and value, run `handler`; every failure becomes a dead letter."""
+    async def guard(self, event: faust.types.EventT, handler: Handler) -> bool:
+        """Decode the event's key and value, run `handler`; every failure becomes a dead letter.
+        False when the handler failed unexpectedly (its partial effects must be discarded)."""
         msg = event.message
         self.count(f"in:{msg.topic}")
         try:
@@ -178,7 +200,7 @@ class Runtime:
             record = await self._decode(msg.topic, msg.value)
         except WireFormatError as exc:
             await self.dead_letter(event, deadletter.STAGE_DECODE, str(exc), type(exc).__name__)
-            return
+            return True
         started = time.perf_counter()
         try:
             await handler(event, key, record)
@@ -188,6 +210,26 @@ class Runtime:
         except Exception as exc:  # noqa: BLE001 - a bug must not lose the record or stop the worker
             log.exception("handler failed on %s[%s]@%s", msg.topic, msg.partition, msg.offset)
             await self.dead_letter(event, deadletter.STAGE_APPLY, f"{type(exc).__name__}: {exc}", type(exc).__name__)
+            return False
+        return True
+
+    def stateful_agent(self, channel: faust.TopicT, name: str, handler: Handler,
+                       cache: "DerivedCache | None" = None, lock: asyncio.Lock | None = None) -> None:
+        """An agent that runs `handler` per event with the outputs-first protocol of
+        `streams.effects` (batches of MEMSTREAM_BATCH_MAX, waiting at most MEMSTREAM_BATCH_WAIT_MS).
+        `cache` is state derived from the tables (refreshed before a batch, dropped after a failed
+        one); `lock` serializes its batches with other writers of the same state (timers)."""
+        lock = lock or asyncio.Lock()
+        prepare, on_failure = (cache.refresh, cache.invalidate) if cache else (lambda: None, lambda: None)
+
+        async def handle(event: faust.types.EventT) -> bool:
+            return await self.guard(event, handler)
+
+        @self.app.agent(channel, name=name)
+        async def run(stream):
+            async for events in stream.take_events(self.settings.batch_max, self.settings.batch_wait_ms / 1000):
+                async with lock:
+                    await effects.run_batch(list(events), handle, prepare, on_failure)
 
     async def _decode(self, topic: str, value: bytes | None) -> dict:
         if value is None:
@@ -201,6 +243,16 @@ class Runtime:
                 log.warning("schema registry unavailable (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
+
+
+class DerivedCache(Protocol):
+    """State an agent derives from its tables (e.g. the memory agent's per-user index)."""
+
+    def refresh(self) -> None:
+        """Rebuild from the tables if invalidated (called with no batch in progress)."""
+
+    def invalidate(self) -> None:
+        """Mark stale: it holds effects that were dropped, or partitions moved."""
 
 
 class _NullValue(WireFormatError):

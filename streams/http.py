@@ -80,6 +80,15 @@ class ApiView(View):
     def error(self, status: int, message: str) -> Response:
         return self.reply({"error": message}, status)
 
+    def settling(self) -> Response | None:
+        """503 while this worker's partitions are moving or being recovered: its local state may
+        be incomplete, and the partition may not even be its own any more. Clients retry."""
+        app = self.app
+        if getattr(app, "rebalancing", False) or app.tables.recovery.in_recovery \
+                or not app.tables.recovery.completed.is_set():
+            return self.error(503, "this worker is rebalancing or recovering its partitions; retry shortly")
+        return None
+
     async def json_body(self, request: Request) -> dict:
         try:
             data = orjson.loads(await request.read() or b"{}")

@@ -43,6 +43,10 @@ class Settings:
     data_dir: str = field(default="var/worker", metadata={"doc": "Faust data dir (RocksDB tables); one per worker on a host."})
     standby_replicas: int = field(default=1, metadata={"doc": "Table standby replicas kept by other workers for fast failover."})
     log_level: str = field(default="info", metadata={"doc": "Worker log level."})
+    session_timeout_s: float = field(default=10.0, metadata={"doc": "Consumer-group session timeout: a worker that stops heartbeating (killed, hung) loses its partitions after this long (failover time)."})
+    producer_linger_ms: int = field(default=5, metadata={"doc": "How long the worker's producer waits to fill a request (larger requests, fewer syscalls; a batch waits for its outputs, so this adds to latency once per batch)."})
+    batch_max: int = field(default=500, metadata={"doc": "Most input records a stateful agent takes in one batch (outputs of a batch are acknowledged before its table writes)."})
+    batch_wait_ms: int = field(default=20, metadata={"doc": "Longest a stateful agent waits to fill a batch (adds up to this much latency at low rates)."})
     # --- pipeline rules ------------------------------------------------------------------
     text_merge_threshold: float = field(default=0.85, metadata={"doc": "Text similarity (n-gram Jaccard) at or above which a candidate merges into a node."})
     text_supersede_threshold: float = field(default=0.50, metadata={"doc": "Lower edge of the text contradiction band (supersede) for semantic memories."})

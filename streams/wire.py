@@ -313,9 +313,10 @@ class ValueCodec:
         try:
             record = schemaless_reader(body, writer.parsed, reader)
         except SchemaResolutionError as exc:
+            why = _shortened(str(exc))  # fastavro's text quotes both schemas whole (tens of KB)
             if "not found in reader symbol list" in str(exc):
-                raise UnknownEnumSymbolError(f"unknown enum symbol without a reader default, {where}: {exc}") from exc
-            raise IncompatibleSchemaError(f"cannot resolve {where}: {exc}") from exc
+                raise UnknownEnumSymbolError(f"unknown enum symbol without a reader default, {where}: {why}") from exc
+            raise IncompatibleSchemaError(f"cannot resolve {where}: {why}") from exc
         except EOFError as exc:
             raise TruncatedMessageError(f"Avro body ends early ({len(data) - start} bytes), {where}: {exc}") from exc
         except Exception as exc:  # garbage makes fastavro raise IndexError, UnicodeDecodeError, ValueError, ...
@@ -367,3 +368,7 @@ def _describe(schema: Any) -> str:
             return f"a symbol of {schema['name']} {schema['symbols']}"
         return str(schema.get("name") or schema.get("type"))
     return str(schema)
+
+
+def _shortened(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text) - limit} more characters)"

@@ -2,8 +2,8 @@
 The rules (classification, event-time windows, lateness, expiry) are in `streams/analytics`.
 
 Other agents feed increments with `rt.feed_analytics(increments)` inside the event they are
-processing (so the `analytics` table write lands on that event's partition, which owns the
-subject). A partition-local timer publishes every window whose aggregate changed and expires
+processing (so the `analytics` table write, staged with that event's batch, lands on that
+event's partition, which owns the subject). A partition-local timer publishes every window whose aggregate changed and expires
 old ones; the state is a table, so after a restart or a rebalance the recovered windows are
 still published and expired (no reliance on Faust's window-close callback).
 
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from faust.web import Request, Response
 
-from .. import catalog
+from .. import catalog, effects
 from ..analytics import (
     HOUR,
     MINUTE,
@@ -53,11 +53,11 @@ def register(rt: "Runtime") -> None:
     def feed(increments: Iterable) -> None:
         now = int(time.time() * 1000)
         for inc in increments:
-            state = table.get(inc.subject) or new_state(inc.subject)
+            state = effects.read(table, inc.subject) or new_state(inc.subject)
             result = add_increment(state, inc, now_ms=now)
             for refused in result.refused:
                 rt.count(f"analytics_refused:{refused.reason}")
-            table[inc.subject] = state
+            effects.write(table, inc.subject, state)
 
     rt.feed_analytics = feed
 
@@ -72,7 +72,7 @@ def register(rt: "Runtime") -> None:
             mark_published(state, [snap for snap, _r in pairs])
             dropped = expire(state, clock)
             if pairs or dropped:
-                table[subject] = state
+                effects.write(table, subject, state)
 
     rt.ticks("analytics", catalog.MEMORY_CANDIDATES, publish)
 

@@ -1,18 +1,20 @@
 """graph.events.v1 → graph.state.v1: per-graph execution state (rules in streams/graphs/state.py).
 
 State lives in the `graph-state` table keyed by `graphId` (the message key, so the table's
-changelog partition is the source partition). A partition-local timer (`Runtime.ticks`)
+changelog partition is the source partition); outputs are acknowledged before the table write
+(streams/effects.py). A partition-local timer (`Runtime.ticks`)
 re-evaluates stall flags on the graphs of each owned partition and republishes the graphs whose
 flags changed.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from faust.web import Request, Response
 
-from .. import catalog
+from .. import catalog, effects
 from ..analytics import classify_graph_budget
 from ..http import authenticated
 from ..app import Rejected
@@ -34,7 +36,7 @@ def register(rt: "Runtime") -> None:
             raise Rejected(f"record graphId {record.get('graphId')!r} differs from its key {key!r}", "graph.key_mismatch")
         headers = dict(event.message.headers or [])
         event_id = headers.get(EVENT_ID_HEADER)
-        old = table.get(key)
+        old = effects.read(table, key)
         try:
             new = graph_state.apply(old, record, s.graph_stall_ms, event_id=event_id.decode() if event_id else None)
         except graph_state.GraphEventError as exc:
@@ -42,14 +44,12 @@ def register(rt: "Runtime") -> None:
         if new is old:
             rt.count("duplicate:graph.events.v1")
             return
-        table[key] = new
         await rt.send(catalog.GRAPH_STATE, key, graph_state.to_record(new))
+        effects.write(table, key, new)
         rt.feed_analytics(classify_graph_budget(old, new))
 
-    @app.agent(rt.inputs[catalog.GRAPH_EVENTS], name="graph-state-agent")
-    async def graph_state_agent(stream):
-        async for event in stream.events():
-            await rt.guard(event, handle)
+    lock = asyncio.Lock()  # the agent's batches and the stall sweeps write the same table
+    rt.stateful_agent(rt.inputs[catalog.GRAPH_EVENTS], "graph-state-agent", handle, lock=lock)
 
     async def stall_sweep(partition: int, now_ms: int) -> None:
         """Re-evaluate stall flags of this partition's graphs; publish the ones that changed."""
@@ -58,10 +58,10 @@ def register(rt: "Runtime") -> None:
                 continue
             marked = graph_state.mark_stalled(st, now_ms, s.graph_stall_ms)
             if graph_state.stalled_nodes(marked) != graph_state.stalled_nodes(st):
-                table[key] = marked
                 await rt.send(catalog.GRAPH_STATE, key, graph_state.to_record(marked))
+                effects.write(table, key, marked)
 
-    rt.ticks("graph-stall", catalog.GRAPH_EVENTS, stall_sweep)
+    rt.ticks("graph-stall", catalog.GRAPH_EVENTS, stall_sweep, lock=lock)
 
     @app.page("/v1/graphs/{graph_id}")
     class GraphView(rt.View):

@@ -10,22 +10,28 @@ and a user's state is partition-local):
     memory.turns.v1 ────────┼─> memory-consolidate ─┼─> memory.nodes.v1      (key motebit_id/node_id, null = deleted)
     negotiator.requests.v1 ─┘   tables:             ├─> memory.quarantine.v1
     <app>-memory-housekeeping-ticks (timer)         ├─> negotiator.replies.v1
-                              memory-nodes          └─> pipeline.dlq.v1
-                              memory-aux, negotiator, relay-policy
+                              memory-state          └─> pipeline.dlq.v1
+                              negotiator, relay-policy
 
-Durable state: table `memory-nodes` (key `motebit_id/node_id` → node record) and table
-`memory-aux` (key `motebit_id` → the user's non-node state: deleted fingerprints, de-duplication
-window, clock, pins). The per-user `UserMemory` with its similarity index is derived: a cache
-rebuilt from the two tables after every rebalance (so after a restart or a partition move the
-index is rebuilt from the recovered changelogs).
+Durable state: ONE table, `memory-state`, so that all of a user's rows share one changelog
+partition and keep their write order: key `motebit_id` → the user's aux row (deleted
+fingerprints, clock, pins, the open tail of the de-duplication window, and `pending`: the other
+rows of the last write batch, a redo log), key `motebit_id/node_id` → a node row, and key
+`motebit_id/~seen/k` → sealed chunk k of the de-duplication window (so a write does not carry
+the whole window). The per-user `UserMemory` with its
+similarity index is derived: a cache rebuilt from the table after every rebalance (so after a
+restart or a partition move the index is rebuilt from the recovered changelog).
 
-Write order per record: outputs first, then node rows, then the aux row that marks the input as
-seen. A crash in between re-processes the record (at-least-once) with the same derived ids.
+Write order (streams/effects.py): a batch's outputs are sent and acknowledged first; then the
+aux rows, then the node rows. So "the input is marked seen" implies "its outputs are durable",
+and an aux row in the changelog without the node rows after it is completed from `pending`. A
+crash re-processes the unwritten part of a batch with the same derived ids.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 import uuid
@@ -34,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from faust.web import Request, Response
 
-from .. import catalog
+from .. import catalog, effects
 from ..app import Rejected
 from ..core import (
     ConsolidationPolicy,
@@ -50,6 +56,7 @@ from ..core.audit import audit_turn
 from ..core.housekeeping import HousekeepingPolicy, sweep_memory
 from ..core.negotiator import forget_result_of, forgotten_fingerprints, handle_request, nodes_to_forget
 from ..core.redaction import relay_events, threshold_for
+from ..core.state import SEEN_CHUNK_KEY
 from ..deadletter import STAGE_VALIDATE
 from ..core.vocabulary import SENSITIVITY_LEVELS
 from ..http import BadRequest, authenticated, mask_node
@@ -63,6 +70,7 @@ SOURCES = [catalog.MEMORY_EVENTS, catalog.MEMORY_CANDIDATES, catalog.MEMORY_TURN
 KEY_FIELD = {catalog.MEMORY_EVENTS: "motebit_id", catalog.MEMORY_CANDIDATES: "motebit_id",
              catalog.MEMORY_TURNS: "motebit_id", catalog.NEGOTIATOR_REQUESTS: "user_id"}
 NODE_KEY_SEP = "/"
+STATE_TABLE = "memory-state"  #: motebit_id -> aux row (with `pending`); motebit_id/node_id -> node row
 
 
 def node_key(motebit_id: str, node_id: str) -> str:
@@ -88,44 +96,100 @@ class MemoryStore:
 
     def __init__(self, rt: "Runtime") -> None:
         self.rt = rt
-        self.nodes = rt.table("memory-nodes")
-        self.aux = rt.table("memory-aux")
+        self.state = rt.table(STATE_TABLE)  # motebit_id -> aux row; motebit_id/node_id -> node row
         self.negotiator = rt.table("negotiator")
         self.relay_policy = rt.table("relay-policy")  # motebit_id -> consented threshold
+        self.lock = asyncio.Lock()  # one writer at a time: the agent's batches, the timer's sweeps
         self.cache: dict[str, UserMemory] = {}
+        self.redo: dict[str, dict[str, Any]] = {}  # user -> redo-log rows not yet rewritten
         self.valid = False
-        rt.app.on_partitions_assigned.connect(self._invalidate)
-        rt.app.on_partitions_revoked.connect(self._invalidate)
+        rt.app.on_partitions_assigned.connect(self._on_rebalance)
+        rt.app.on_partitions_revoked.connect(self._on_rebalance)
+        # and again once the new partitions' changelogs are recovered (a rebuild in between,
+        # e.g. by an HTTP query, would have seen half-recovered tables)
+        rt.app.on_rebalance_complete.connect(self._on_rebalance)
 
-    async def _invalidate(self, *args: Any, **kwargs: Any) -> None:
+    async def _on_rebalance(self, *args: Any, **kwargs: Any) -> None:
+        self.valid = False
+
+    # DerivedCache (streams.app): refreshed before every batch, dropped after a failed one
+    def refresh(self) -> None:
+        if not self.valid:
+            self._rebuild()
+
+    def invalidate(self) -> None:
         self.valid = False
 
     def _rebuild(self) -> None:
-        """Rebuild every local user's state from the tables (after recovery / a rebalance)."""
+        """Rebuild every local user's state from the table (after recovery / a rebalance)."""
+        gc.unfreeze()  # the cache being replaced may become garbage (cycles included)
         by_user: dict[str, list[dict]] = defaultdict(list)
-        for key, node in self.nodes.items():
-            if node is not None:
-                by_user[key.split(NODE_KEY_SEP, 1)[0]].append(node)
-        users = set(by_user) | {k for k, v in self.aux.items() if v is not None}
+        chunks: dict[str, dict[int, list]] = defaultdict(dict)
+        aux: dict[str, dict] = {}
+        for key, row in self.state.items():
+            if row is None:
+                continue
+            user, sep, rest = key.partition(NODE_KEY_SEP)
+            if not sep:
+                aux[user] = row
+            elif rest.startswith(SEEN_CHUNK_KEY):
+                chunks[user][int(rest[len(SEEN_CHUNK_KEY):])] = row
+            else:
+                by_user[user].append(row)
         self.cache = {
-            u: UserMemory.from_nodes(u, by_user.get(u, ()), self.aux.get(u), dedup_max_ids=self.rt.settings.dedup_max_ids)
-            for u in users
+            u: UserMemory.from_nodes(u, by_user.get(u, ()), aux.get(u), seen_chunks=chunks.get(u),
+                                     dedup_max_ids=self.rt.settings.dedup_max_ids)
+            for u in set(by_user) | set(aux)
         }
+        # The cache applied each aux row's redo log; the table gets those rows again with the
+        # user's next write (a write needs an event of the user's partition), before the aux
+        # row is rewritten without them.
+        self.redo = {u: dict(row["pending"]) for u, row in aux.items() if row.get("pending")}
         self.valid = True
+        gc.freeze()  # the rebuilt state is long-lived: keep it out of every later collection
         log.info("memory state rebuilt: %d users, %d nodes", len(self.cache), sum(map(len, by_user.values())))
 
-    def local_users(self):
-        if not self.valid:
+    def _readable(self) -> None:
+        # A reader outside a batch (HTTP) rebuilds a stale cache; inside one the batch's own
+        # cache stays (it holds the batch's effects not yet in the tables).
+        if not self.valid and not self.lock.locked():
             self._rebuild()
+
+    def local_users(self):
+        self._readable()
         return self.cache.items()
 
     def user(self, motebit_id: str) -> UserMemory:
-        if not self.valid:
-            self._rebuild()
+        self._readable()
         um = self.cache.get(motebit_id)
         if um is None:
             um = self.cache[motebit_id] = UserMemory(motebit_id, dedup_max_ids=self.rt.settings.dedup_max_ids)
         return um
+
+    def stage(self, motebit_id: str, um: UserMemory, out: Outcome) -> None:
+        """Stage the user's rows after an outcome: the aux row first (with the batch's other
+        rows of this user as its redo log: `pending`), then the node rows and the sealed
+        chunks of the de-duplication window (the aux row keeps only its open tail). The first
+        write after a rebuild also rewrites the rows of the user's last redo log: a crash may
+        have kept them out of the table, and the new aux row will no longer carry them."""
+        for suffix, row in self.redo.pop(motebit_id, {}).items():
+            effects.write(self.state, node_key(motebit_id, suffix), effects.DELETE if row is None else row)
+        for node in out.node_upserts:
+            effects.write(self.state, node_key(motebit_id, node["node_id"]), node)
+        for node_id in out.node_deletions:
+            effects.write(self.state, node_key(motebit_id, node_id), effects.DELETE)
+        sealed, dropped = um.seen_changes()
+        for k, rows in sealed.items():
+            effects.write(self.state, node_key(motebit_id, f"{SEEN_CHUNK_KEY}{k}"), rows)
+        for k in dropped:
+            effects.write(self.state, node_key(motebit_id, f"{SEEN_CHUNK_KEY}{k}"), effects.DELETE)
+
+        def aux_row(batch: effects.Batch | None) -> dict:
+            rows = batch.staged_rows(self.state, motebit_id) if batch else {}
+            pending = {k.split(NODE_KEY_SEP, 1)[1]: (None if v is effects.DELETE else v) for k, v in rows.items()}
+            return {**um.aux_record(compact=True), "pending": pending}
+
+        effects.write(self.state, motebit_id, aux_row, first=True)
 
 
 def register(rt: "Runtime") -> None:
@@ -133,14 +197,6 @@ def register(rt: "Runtime") -> None:
     store = MemoryStore(rt)
     consolidation, promotion = policies(rt)
     retention = HousekeepingPolicy()
-
-    async def handle(event, key: str, record: dict) -> None:
-        try:
-            await apply(event, key, record)
-        except Exception:
-            # the in-memory state may be ahead of the tables now: rebuild it from them
-            store.valid = False
-            raise
 
     async def apply(event, key: str, record: dict) -> None:
         topic = event.message.topic
@@ -168,7 +224,8 @@ def register(rt: "Runtime") -> None:
         await emit(key, um, out)
 
     async def emit(key: str, um: UserMemory, out: Outcome) -> None:
-        """Send an outcome: ledger and its relay view, quarantine, node rows; then the tables."""
+        """Send an outcome (ledger and its relay view, quarantine, node rows) and stage the
+        user's rows (written once the batch's outputs are acknowledged: streams.effects)."""
         threshold = threshold_for(key, store.relay_policy, rt.settings.relay_threshold)
         relayed = []
         for ev in out.ledger:
@@ -182,11 +239,9 @@ def register(rt: "Runtime") -> None:
             await rt.send(catalog.MEMORY_QUARANTINE, key, q)
         for node in out.node_upserts:
             await rt.send(catalog.MEMORY_NODES, node_key(key, node["node_id"]), node)
-            store.nodes[node_key(key, node["node_id"])] = node
         for node_id in out.node_deletions:
             await rt.send(catalog.MEMORY_NODES, node_key(key, node_id), None)
-            store.nodes.pop(node_key(key, node_id), None)
-        store.aux[key] = um.aux_record()
+        store.stage(key, um, out)
 
     def audit(um: UserMemory, turn: dict) -> Outcome:
         """memory.turns.v1: the missed-memory audit (local-only: never reaches the relay)."""
@@ -201,9 +256,9 @@ def register(rt: "Runtime") -> None:
     async def negotiate(key: str, request: dict, um: UserMemory) -> None:
         """negotiator.requests.v1 → negotiator.replies.v1; a forget also deletes the user's
         memory nodes holding the forgotten content (and they can never re-form)."""
-        state, reply = handle_request(store.negotiator.get(key), request, rt.settings.negotiator_write_enabled)
-        store.negotiator[key] = state
+        state, reply = handle_request(effects.read(store.negotiator, key), request, rt.settings.negotiator_write_enabled)
         await rt.send(catalog.NEGOTIATOR_REPLIES, key, reply)
+        effects.write(store.negotiator, key, state)
         rt.count(f"negotiator:{request.get('op')}")
         for node_id in nodes_to_forget(um.live_nodes(), forgotten_fingerprints(state)):
             deletion = {"event_id": event_id_for(key, f"{request['request_id']}/{node_id}", "memory_deleted"),
@@ -225,7 +280,7 @@ def register(rt: "Runtime") -> None:
                 rt.count("housekeeping:deleted", len(out.node_deletions))
                 await emit(user, um, out)
 
-    rt.ticks("memory-housekeeping", catalog.MEMORY_CANDIDATES, housekeeping)
+    rt.ticks("memory-housekeeping", catalog.MEMORY_CANDIDATES, housekeeping, cache=store, lock=store.lock)
     pending_replies: dict[str, asyncio.Future] = {}
 
     # Per-user relay thresholds change at run time through an internal topic keyed by the user
@@ -240,16 +295,15 @@ def register(rt: "Runtime") -> None:
             store.relay_policy[user] = level
             log.info("relay threshold of %s is now %s", user, level)
 
-    @app.agent(rt.input_channel(*SOURCES), name="memory-consolidate")
-    async def memory_consolidate(stream):
-        async for event in stream.events():
-            await rt.guard(event, handle)
+    rt.stateful_agent(rt.input_channel(*SOURCES), "memory-consolidate", apply, cache=store, lock=store.lock)
 
     @app.page("/v1/memory/{motebit_id}/nodes")
     class UserNodes(rt.View):
         @authenticated
-        @app.table_route(table=store.aux, match_info="motebit_id")
+        @app.table_route(table=store.state, match_info="motebit_id")
         async def get(self, request: Request, motebit_id: str, allowed: str) -> Response:
+            if busy := self.settling():
+                return busy
             um = store.user(motebit_id)
             as_of = request.query.get("as_of")
             include = set(filter(None, request.query.get("include", "").split(",")))
@@ -268,8 +322,10 @@ def register(rt: "Runtime") -> None:
     @app.page("/v1/memory/{motebit_id}/nodes/{node_id}")
     class OneNode(rt.View):
         @authenticated
-        @app.table_route(table=store.aux, match_info="motebit_id")
+        @app.table_route(table=store.state, match_info="motebit_id")
         async def get(self, request: Request, motebit_id: str, node_id: str, allowed: str) -> Response:
+            if busy := self.settling():
+                return busy
             node = store.user(motebit_id).node(node_id)
             if node is None:
                 return self.error(404, f"no node {node_id} for {motebit_id}")

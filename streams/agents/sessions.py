@@ -17,11 +17,11 @@ table's changelog partition is the source partition). For each event:
 - otherwise the new ledger record is published to `session.compactions.v1` (key = session id)
   when it differs from the previous one, and the state is written to the table.
 
-Outputs (ledger record, dead letters) are sent *before* the table write: Faust flushes the
-producer before it commits the source offset, and the table's changelog write is buffered behind
-the outputs, so a crash part-way re-processes the event rather than finding it already in the
-table with its outputs missing. Re-processing is deterministic (same state, same outputs), so the
-effect is at-least-once delivery of identical records — the compacted ledger topic converges.
+Outputs (ledger record, dead letters) are acknowledged by the broker *before* the table write
+(streams/effects.py: the agent runs in batches), so a crash part-way re-processes the event
+rather than finding it already in the table with its outputs missing. Re-processing is
+deterministic (same state, same outputs), so the effect is at-least-once delivery of identical
+records — the compacted ledger topic converges.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from faust.web import Request, Response
 
-from .. import catalog, deadletter
+from .. import catalog, deadletter, effects
 from ..analytics import classify_compaction
 from ..http import authenticated
 from ..sessions import lifecycle
@@ -48,7 +48,7 @@ def register(rt: "Runtime") -> None:
     table = rt.table(TABLE)
 
     async def handle(event, key: str, record: dict) -> None:
-        old = table.get(key)
+        old = effects.read(table, key)
         base = old if old is not None else lifecycle.new_state(key)
         new, violations = lifecycle.step(base, record)
         if new is base and not violations:
@@ -61,12 +61,9 @@ def register(rt: "Runtime") -> None:
         if old is None or new["record"] != old["record"]:
             await rt.send(catalog.SESSION_COMPACTIONS, key, lifecycle.to_record(new))
             rt.feed_analytics(classify_compaction(old, new, record["ts"]))
-        table[key] = new
+        effects.write(table, key, new)
 
-    @app.agent(rt.inputs[catalog.SESSION_EVENTS], name="session-ledger-agent", concurrency=1)
-    async def session_ledger_agent(stream):
-        async for event in stream.events():
-            await rt.guard(event, handle)
+    rt.stateful_agent(rt.inputs[catalog.SESSION_EVENTS], "session-ledger-agent", handle)
 
     @app.page("/v1/sessions/{session_id}/compactions")
     class SessionCompactions(rt.View):

@@ -339,15 +339,31 @@ def validate_event(raw: Any) -> tuple[dict[str, Any] | None, Rejection | None]:
 # --------------------------------------------------------------------------------------------
 
 
-class DedupWindow:
-    """The ids seen for ONE user, bounded by count and by event-time horizon."""
+SEEN_CHUNK_SIZE = 100  #: ids per sealed chunk of a persisted de-duplication window
 
-    def __init__(self, max_ids: int = 10_000, horizon_ms: int = 7 * 24 * 60 * 60 * 1000) -> None:
+
+class DedupWindow:
+    """The ids seen for ONE user, bounded by count and by event-time horizon.
+
+    Two persisted forms. ``to_record`` / ``from_record``: the whole window in one record.
+    The compact form the shell keeps in its table (so that a write does not rewrite up to
+    ``max_ids`` ids): ``to_tail_record`` (sequence number, the ids of the open chunk, counters)
+    plus immutable *sealed chunks* of ``SEEN_CHUNK_SIZE`` ids, chunk ``k`` holding the ids with
+    sequence numbers ``[k·size, (k+1)·size)``; ``take_changes`` says which chunks were sealed
+    (to write) and which fell wholly out of the window (to delete) since it was last called;
+    ``from_tail_record`` rebuilds the same window from the tail and the chunks."""
+
+    def __init__(self, max_ids: int = 10_000, horizon_ms: int = 7 * 24 * 60 * 60 * 1000,
+                 chunk_size: int = SEEN_CHUNK_SIZE) -> None:
         self.max_ids = max_ids
         self.horizon_ms = horizon_ms
+        self.chunk_size = chunk_size
         self._ids: OrderedDict[str, int] = OrderedDict()
         self.high_water = 0
         self.duplicates = 0
+        self.seq = 0  #: ids ever added (the next id's sequence number)
+        self._sealed: list[int] = []  # chunks sealed since take_changes
+        self._low_chunk = 0  # the oldest chunk not yet reported dropped
 
     def __contains__(self, key: object) -> bool:
         return key in self._ids
@@ -359,6 +375,9 @@ class DedupWindow:
         if key in self._ids:
             return
         self._ids[key] = int(timestamp)
+        self.seq += 1
+        if self.seq % self.chunk_size == 0:
+            self._sealed.append(self.seq // self.chunk_size - 1)
         self.high_water = max(self.high_water, int(timestamp))
         self._evict()
 
@@ -368,25 +387,85 @@ class DedupWindow:
         while ids and (len(ids) > self.max_ids or next(iter(ids.values())) < floor):
             ids.popitem(last=False)
 
+    # ---- the whole window in one record
     def to_record(self) -> dict[str, Any]:
         return {"ids": [[k, v] for k, v in self._ids.items()], "high_water": self.high_water, "duplicates": self.duplicates}
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any] | None, max_ids: int = 10_000, horizon_ms: int = 7 * 24 * 60 * 60 * 1000) -> "DedupWindow":
         w = cls(max_ids, horizon_ms)
+        if rec and "tail" in rec:
+            raise ValueError("a compact window record needs its chunks: use DedupWindow.from_tail_record")
         if rec:
             for k, v in rec.get("ids", []):
                 w._ids[k] = int(v)
             w.high_water = int(rec.get("high_water", 0))
             w.duplicates = int(rec.get("duplicates", 0))
             w._evict()
+        w.seq = len(w._ids)
+        w._low_chunk = w.seq // w.chunk_size
+        return w
+
+    # ---- the compact form: tail record + sealed chunks
+    def _last(self, n: int) -> list[list]:
+        """The newest `n` retained ids as [id, timestamp] pairs, oldest first."""
+        out = []
+        for item in reversed(self._ids.items()):
+            if len(out) >= n:
+                break
+            out.append(list(item))
+        out.reverse()
+        return out
+
+    def _chunk_rows(self, k: int) -> list[list]:
+        """The retained ids of chunk `k` (sequence numbers [k·size, (k+1)·size))."""
+        first_retained = self.seq - len(self._ids)
+        start, stop = max(k * self.chunk_size, first_retained), min((k + 1) * self.chunk_size, self.seq)
+        if stop <= start:
+            return []
+        newest = self._last(self.seq - start)
+        return newest[: stop - start]
+
+    def to_tail_record(self) -> dict[str, Any]:
+        return {"seq": self.seq, "tail": self._last(self.seq % self.chunk_size), "chunk_size": self.chunk_size,
+                "high_water": self.high_water, "duplicates": self.duplicates}
+
+    def take_changes(self) -> tuple[dict[int, list[list]], list[int]]:
+        """(chunks sealed since the last call: k -> rows, chunks now wholly outside the window)."""
+        sealed = {k: self._chunk_rows(k) for k in self._sealed}
+        self._sealed = []
+        first_retained = self.seq - len(self._ids)
+        dropped = []
+        while self._low_chunk < self.seq // self.chunk_size and (self._low_chunk + 1) * self.chunk_size <= first_retained:
+            dropped.append(self._low_chunk)
+            sealed.pop(self._low_chunk, None)
+            self._low_chunk += 1
+        return sealed, dropped
+
+    @classmethod
+    def from_tail_record(cls, rec: Mapping[str, Any], chunks: Mapping[int, list], max_ids: int = 10_000,
+                         horizon_ms: int = 7 * 24 * 60 * 60 * 1000) -> "DedupWindow":
+        w = cls(max_ids, horizon_ms, int(rec.get("chunk_size", SEEN_CHUNK_SIZE)))
+        for k in sorted(chunks):
+            for key, ts in chunks[k]:
+                w._ids[key] = int(ts)
+        for key, ts in rec.get("tail", []):
+            w._ids[key] = int(ts)
+        w.seq = int(rec.get("seq", len(w._ids)))
+        w.high_water = int(rec.get("high_water", 0))
+        w.duplicates = int(rec.get("duplicates", 0))
+        w._low_chunk = min(chunks) if chunks else w.seq // w.chunk_size
+        w._evict()  # the same window as before the restart (eviction only ever drops a prefix)
         return w
 
     def copy(self) -> "DedupWindow":
-        w = DedupWindow(self.max_ids, self.horizon_ms)
+        w = DedupWindow(self.max_ids, self.horizon_ms, self.chunk_size)
         w._ids = OrderedDict(self._ids)
         w.high_water = self.high_water
         w.duplicates = self.duplicates
+        w.seq = self.seq
+        w._sealed = list(self._sealed)
+        w._low_chunk = self._low_chunk
         return w
 
 

@@ -78,7 +78,8 @@ def threshold_for(user: str, overrides: Mapping[str, Any] | None, default: str =
     """The consented threshold of ``user``: its override when the table has one, else
     ``default``. An invalid override (or default) reads as ``none`` — fail closed, never
     as "let everything through"."""
-    if overrides and user in overrides:
+    # `is not None`, not truthiness: the shell passes a Faust table, whose len() walks every key
+    if overrides is not None and user in overrides:
         return normalize_threshold(overrides[user])
     return normalize_threshold(default)
 

@@ -4,12 +4,14 @@ Durable state is two records, both plain dicts the shell keeps in Faust tables:
 
 * the **node records** (``memory.nodes.v1``, key ``motebit_id/node_id``) — live and closed
   (superseded) nodes;
-* one **aux record** per user (:meth:`UserMemory.aux_record`) — what node records cannot
-  carry: fingerprints and ids of deleted nodes (so deleted content is never re-formed and a
+* one **aux record** per user (:meth:`UserMemory.aux_record`; the shell adds ``pending``, a
+  redo log of the node rows its last write batch changed — see :meth:`from_nodes`) — what node
+  records cannot carry: fingerprints and ids of deleted nodes (so deleted content is never re-formed and a
   late ``memory_formed`` of a deleted id never resurrects it), the de-duplication window,
   the Lamport clock of derived events and the latest ``memory_pinned`` per node (also for
   nodes not formed yet, so a pin that overtakes its node still applies).
-  It holds no content (fingerprints are SHA-256 of normalized text).
+  Apart from ``pending`` (rows that are also node records) it holds no content (fingerprints
+  are SHA-256 of normalized text).
 
 Everything else — the similarity index in particular — is derived and rebuilt by
 :meth:`UserMemory.from_nodes`; a rebuilt state decides exactly like the one it replaces.
@@ -30,6 +32,9 @@ from typing import Any, Iterable, Iterator, Mapping
 from .ingest import DedupWindow
 from .nodes import as_of, complete_node, is_open
 from .similarity import IndexConfig, SimilarityIndex
+
+#: prefix (after "<node key space>") of the de-duplication window's sealed chunks in a redo log
+SEEN_CHUNK_KEY = "~seen/"
 
 PinKey = tuple[int, int, str]
 #: latest memory_pinned per node: (timestamp, version_clock, event_id, pinned)
@@ -69,9 +74,28 @@ class UserMemory:
         index_config: IndexConfig | None = None,
         dedup_max_ids: int = 10_000,
         dedup_horizon_ms: int = 7 * 24 * 60 * 60 * 1000,
+        seen_chunks: Mapping[int, list] | None = None,
     ) -> "UserMemory":
-        """Rebuild from the durable state: node records (any order) and the aux record."""
+        """Rebuild from the durable state: node records (any order), the aux record and, when
+        the aux record is compact (``aux_record(compact=True)``), the sealed chunks of its
+        de-duplication window (``seen_changes``).
+
+        The aux record's ``pending`` is the redo log of the last batch that changed this user:
+        node id → node record (None: deleted) and ``SEEN_CHUNK_KEY + k`` → chunk ``k`` (None:
+        dropped). The shell writes the aux record *before* those rows, so after a crash in
+        between the rows may be missing or older; ``pending`` wins over them."""
         um = cls(motebit_id, index_config=index_config, dedup_max_ids=dedup_max_ids, dedup_horizon_ms=dedup_horizon_ms)
+        chunks = dict(seen_chunks or {})
+        pending = (aux or {}).get("pending") or {}
+        if pending:
+            by_id = {n["node_id"]: n for n in nodes}
+            for key, row in pending.items():
+                target, ident = (chunks, int(key[len(SEEN_CHUNK_KEY):])) if key.startswith(SEEN_CHUNK_KEY) else (by_id, key)
+                if row is None:
+                    target.pop(ident, None)
+                else:
+                    target[ident] = row
+            nodes = by_id.values()
         for rec in sorted((complete_node(n) for n in nodes), key=lambda n: n["node_id"]):
             if rec["motebit_id"] != motebit_id:
                 raise ValueError(f"node {rec['node_id']} belongs to {rec['motebit_id']!r}, not {motebit_id!r}")
@@ -79,7 +103,9 @@ class UserMemory:
         if aux:
             um.deleted_fingerprints = set(aux.get("deleted_fingerprints") or ())
             um.deleted_node_ids = set(aux.get("deleted_node_ids") or ())
-            um.seen = DedupWindow.from_record(aux.get("seen"), dedup_max_ids, dedup_horizon_ms)
+            seen = aux.get("seen") or {}
+            um.seen = (DedupWindow.from_tail_record(seen, chunks, dedup_max_ids, dedup_horizon_ms) if "tail" in seen
+                       else DedupWindow.from_record(seen, dedup_max_ids, dedup_horizon_ms))
             um.clock = int(aux.get("clock") or 0)
             um.pins = {k: (int(v[0]), int(v[1]), str(v[2]), bool(v[3])) for k, v in (aux.get("pins") or {}).items()}
             lk = aux.get("last_event_key")
@@ -87,18 +113,24 @@ class UserMemory:
             um.stats = dict(aux.get("stats") or {"late": 0})
         return um
 
-    def aux_record(self) -> dict[str, Any]:
-        """The non-node durable state (JSON-serializable, deterministic ordering)."""
+    def aux_record(self, compact: bool = False) -> dict[str, Any]:
+        """The non-node durable state (JSON-serializable, deterministic ordering). Compact: the
+        de-duplication window's tail only; its sealed chunks are kept apart (`seen_changes`)."""
         return {
             "motebit_id": self.motebit_id,
             "deleted_fingerprints": sorted(self.deleted_fingerprints),
             "deleted_node_ids": sorted(self.deleted_node_ids),
-            "seen": self.seen.to_record(),
+            "seen": self.seen.to_tail_record() if compact else self.seen.to_record(),
             "clock": self.clock,
             "pins": {k: list(v) for k, v in sorted(self.pins.items())},
             "last_event_key": list(self.last_event_key) if self.last_event_key else None,
             "stats": dict(sorted(self.stats.items())),
         }
+
+    def seen_changes(self) -> tuple[dict[int, list], list[int]]:
+        """Chunks of the de-duplication window to write (sealed since the last call) and to
+        delete (wholly out of the window) — the rows beside a compact aux record."""
+        return self.seen.take_changes()
 
     def clone(self) -> "UserMemory":
         """An independent copy (rebuilt from the durable state, as after a restart)."""

@@ -7,6 +7,7 @@ from pathlib import Path
 from hypothesis import given, settings, strategies as st
 
 from streams.core import IndexConfig, UserMemory, process_candidate, process_event, sweep
+from streams.core.state import SEEN_CHUNK_KEY
 
 from .factories import candidate, event, one_word_edit, sentence
 
@@ -108,6 +109,48 @@ def test_restart_from_durable_state_converges(seed, n, data):
     # housekeeping is deterministic too
     s1, s2 = steady.clone(), steady.clone()
     assert sweep(s1, end + 40 * 86_400_000) == sweep(s2, end + 40 * 86_400_000)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**9), st.integers(1, 60), st.data())
+def test_the_redo_log_completes_a_partly_written_batch(seed, n, data):
+    """The shell writes a batch's compact aux record (with `pending`: the batch's node rows and
+    de-duplication chunks) before those rows; a crash can leave any prefix of them unwritten.
+    Rebuilding from the old rows + the new aux record gives the state after the whole batch."""
+    cfg = IndexConfig(exact_scan_below=0)
+    ops, _ = _stream(seed, n)
+    cut = data.draw(st.integers(0, len(ops)))
+    um = UserMemory("u1", index_config=cfg, dedup_max_ids=data.draw(st.integers(5, 50)))
+    durable: dict = {}  # what the table holds: node id / SEEN_CHUNK_KEY + k -> row
+
+    def staged(outs) -> dict:
+        """What the shell stages after these outcomes: last row per key, None = delete."""
+        rows: dict = {}
+        for out in outs:
+            rows.update({node["node_id"]: node for node in out.node_upserts})
+            rows.update({node_id: None for node_id in out.node_deletions})
+            sealed, dropped = um.seen_changes()
+            rows.update({f"{SEEN_CHUNK_KEY}{k}": chunk for k, chunk in sealed.items()})
+            rows.update({f"{SEEN_CHUNK_KEY}{k}": None for k in dropped})
+        return rows
+
+    def apply(rows: dict) -> None:
+        for key, row in rows.items():
+            if row is None:
+                durable.pop(key, None)
+            else:
+                durable[key] = row
+
+    apply(staged(_run(um, ops[:cut])))  # an earlier batch, fully written
+    changes = staged(_run(um, ops[cut:]))  # this batch
+    aux = {**um.aux_record(compact=True), "pending": changes}
+    apply(dict(list(changes.items())[:data.draw(st.integers(0, len(changes)))]))  # the crash
+    nodes = [row for key, row in durable.items() if not key.startswith(SEEN_CHUNK_KEY)]
+    chunks = {int(key[len(SEEN_CHUNK_KEY):]): row for key, row in durable.items() if key.startswith(SEEN_CHUNK_KEY)}
+    rebuilt = UserMemory.from_nodes("u1", nodes, aux, index_config=cfg, seen_chunks=chunks,
+                                    dedup_max_ids=um.seen.max_ids)
+    assert list(rebuilt.nodes()) == list(um.nodes())
+    assert rebuilt.aux_record() == um.aux_record()
 
 
 _SCRIPT = """

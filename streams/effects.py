@@ -1,0 +1,175 @@
+"""Outputs first, state after: how a stateful agent stays consistent across a crash.
+
+Kafka has no atomic write across topics without transactions, and Faust writes a table row to
+its local store at once and to its changelog through the same buffered producer as the outputs,
+in no guaranteed order across partitions. If a table row that marks an input as applied became
+durable before that input's outputs, a crash in between would lose the outputs for good: the
+re-delivered input would be found "already seen". So a stateful agent takes its input in batches
+and, for each batch:
+
+1. runs every event (decode, the pure core, sends): outputs and dead letters go to the producer
+   and their acknowledgements are collected; table writes are only *staged* here;
+2. waits until every output of the batch is acknowledged by the broker;
+3. writes the staged rows, each row once (its last value) and in the context of the last event
+   that staged it (Faust puts a row on the changelog partition of the current event, which for
+   co-partitioned keys is the input partition). Rows staged with ``first=True`` are written
+   before the others, so in every changelog partition they precede the rows they describe.
+
+The source offsets are acknowledged (and later committed) only after step 3. A crash before
+step 3 re-processes the batch: the same outputs again, with the same derived ids (so a consumer
+recognizes the duplicates), and no state. A crash during step 3 leaves, in each changelog
+partition, a prefix of the writes: an agent that writes a summary row ``first`` (the memory agent's
+per-user row, which also carries the node rows of the batch as a redo log) can always rebuild.
+
+A handler that fails unexpectedly (a bug, not bad input) has its record dead-lettered by
+`Runtime.guard`; the attempt's staged state is dropped, the agent's derived caches are rebuilt
+from the tables (`on_failure`) and the batch runs again without that record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterator
+
+from faust import streams as faust_streams
+from faust.types import EventT, TableT
+
+DELETE = object()  #: a staged value meaning "remove the row"
+
+
+@dataclass
+class _Write:
+    table: TableT
+    key: str
+    value: Any  # a row, DELETE, or a callable(batch) -> row evaluated when written
+    event: EventT
+    first: bool
+
+
+@dataclass
+class Batch:
+    """The held-back effects of one attempt at a batch of events."""
+
+    acks: list[Awaitable[Any]] = field(default_factory=list)
+    #: the last write per (table, key), in the order each key was first staged
+    writes: dict[tuple[int, str], _Write] = field(default_factory=dict)
+    #: keys staged per (table, group) for `staged_rows` (group: the key up to `group_sep`)
+    groups: dict[tuple[int, str], list[str]] = field(default_factory=dict)
+    event: EventT | None = None  #: the event being handled
+
+    def stage(self, table: TableT, key: str, value: Any, first: bool = False, group_sep: str = "/") -> None:
+        assert self.event is not None, "stage() outside an event"
+        slot = (id(table), key)
+        if slot not in self.writes:
+            group = key.split(group_sep, 1)[0]
+            self.groups.setdefault((id(table), group), []).append(key)
+        self.writes[slot] = _Write(table, key, value, self.event, first)
+
+    def staged(self, table: TableT, key: str, default: Any = None) -> Any:
+        """Read through the batch: the last value staged for the key, else the table's."""
+        w = self.writes.get((id(table), key))
+        if w is None:
+            return table.get(key, default)
+        return default if w.value is DELETE else w.value
+
+    def staged_rows(self, table: TableT, group: str) -> dict[str, Any]:
+        """The last staged value of every key of `table` of the form `<group>/...` (DELETE kept)."""
+        return {k: self.writes[(id(table), k)].value for k in self.groups.get((id(table), group), ())
+                if k != group}
+
+    async def wait_for_outputs(self) -> None:
+        if self.acks:
+            await asyncio.gather(*self.acks)
+            self.acks.clear()
+
+    def write_state(self) -> None:
+        """Write the staged rows: `first` ones, then the rest; each once, with its last value."""
+        ordered = sorted(self.writes.values(), key=lambda w: not w.first)  # stable: staging order kept
+        for w in ordered:
+            with in_event(w.event):
+                value = w.value(self) if callable(w.value) else w.value
+                if value is DELETE:
+                    w.table.pop(w.key, None)
+                else:
+                    w.table[w.key] = value
+        self.writes.clear()
+        self.groups.clear()
+
+
+_CURRENT: ContextVar[Batch | None] = ContextVar("memstream_batch", default=None)
+
+
+def current_batch() -> Batch | None:
+    return _CURRENT.get()
+
+
+@contextmanager
+def in_event(event: EventT) -> Iterator[None]:
+    """Make `event` Faust's current event (a table write goes to its partition)."""
+    # faust.streams keeps the current event in a module ContextVar holding a weak reference;
+    # the Stream sets it the same way (faust-streaming 0.15.3, pinned in pyproject.toml).
+    token = faust_streams._current_event.set(weakref.ref(event))
+    try:
+        yield
+    finally:
+        faust_streams._current_event.reset(token)
+
+
+def record_ack(ack: Awaitable[Any]) -> None:
+    """Called for every send: inside a batch, the batch waits for it before writing state."""
+    batch = _CURRENT.get()
+    if batch is not None:
+        batch.acks.append(ack)
+
+
+def write(table: TableT, key: str, value: Any, first: bool = False) -> None:
+    """Set (or, with DELETE, remove) a table row: staged inside a batch, at once outside one."""
+    batch = _CURRENT.get()
+    if batch is not None:
+        batch.stage(table, key, value, first)
+        return
+    value = value(None) if callable(value) else value
+    if value is DELETE:
+        table.pop(key, None)
+    else:
+        table[key] = value
+
+
+def read(table: TableT, key: str, default: Any = None) -> Any:
+    """A table row as the current batch sees it (its own staged writes included)."""
+    batch = _CURRENT.get()
+    return batch.staged(table, key, default) if batch is not None else table.get(key, default)
+
+
+async def run_batch(events: list[EventT], handle: Callable[[EventT], Awaitable[bool]],
+                    prepare: Callable[[], None] = lambda: None,
+                    on_failure: Callable[[], None] = lambda: None) -> None:
+    """Run `handle` (True = handled, False = failed unexpectedly and dead-lettered) over the
+    events with the outputs-first protocol described above. `prepare()` runs before each
+    attempt (e.g. rebuild a derived cache if it was invalidated); `on_failure()` after a failed
+    one (e.g. invalidate that cache: it holds the dropped attempt's effects)."""
+    todo = list(events)
+    while todo:
+        prepare()
+        batch = Batch()
+        token = _CURRENT.set(batch)
+        failed = None
+        try:
+            for i, event in enumerate(todo):
+                batch.event = event
+                if not await handle(event):
+                    failed = i
+                    break
+            await batch.wait_for_outputs()
+            if failed is None:
+                batch.write_state()
+                return
+        finally:
+            _CURRENT.reset(token)
+        # drop this attempt's state; caches are rebuilt from the tables; run the rest again
+        on_failure()
+        todo = todo[:failed] + todo[failed + 1:]

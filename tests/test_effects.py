@@ -1,0 +1,121 @@
+"""The outputs-first protocol (streams/effects.py), without a broker: tables are dicts that
+record the order and the event context of every write; acks are futures resolved by the test."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from faust.streams import current_event
+
+from streams import effects
+
+
+class Table(dict):
+    """Records (key, value, partition of the current event) for every write."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__()
+        self.log = log
+
+    def __setitem__(self, key, value):
+        self.log.append((key, value, current_event().message.partition))
+        super().__setitem__(key, value)
+
+    def pop(self, key, default=None):
+        self.log.append((key, effects.DELETE, current_event().message.partition))
+        return super().pop(key, default)
+
+
+class Event:
+    """Just what the protocol reads of a Faust event (weak-referenceable, like Faust's)."""
+
+    def __init__(self, partition: int, offset: int) -> None:
+        self.message = SimpleNamespace(partition=partition, offset=offset)
+
+
+event = Event
+
+
+def test_rows_are_written_once_first_rows_first_in_the_last_staging_event():
+    log: list = []
+    nodes, aux = Table(log), Table(log)
+    e1, e2 = event(1, 10), event(1, 11)
+
+    async def handle(ev) -> bool:
+        b = effects.current_batch()
+        effects.write(nodes, f"u/n{ev.message.offset}", {"v": ev.message.offset})
+        effects.write(nodes, "u/shared", {"v": ev.message.offset})
+        effects.write(aux, "u", lambda batch: {"pending": sorted(batch.staged_rows(nodes, "u"))}, first=True)
+        assert effects.read(nodes, "u/shared") == {"v": ev.message.offset}  # reads its own writes
+        assert b is not None and not log  # nothing written while the batch runs
+        return True
+
+    asyncio.run(effects.run_batch([e1, e2], handle))
+    assert log[0] == ("u", {"pending": ["u/n10", "u/n11", "u/shared"]}, 1)  # the aux row first
+    assert [k for k, _v, _p in log[1:]] == ["u/n10", "u/shared", "u/n11"]  # each row once
+    assert nodes["u/shared"] == {"v": 11}  # its last value
+
+
+def test_state_is_written_only_after_every_output_is_acknowledged():
+    log: list = []
+    table = Table(log)
+    acks: list[asyncio.Future] = []
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+
+        async def handle(ev) -> bool:
+            ack = loop.create_future()
+            acks.append(ack)
+            effects.record_ack(ack)
+            effects.write(table, "k", ev.message.offset)
+            return True
+
+        task = asyncio.create_task(effects.run_batch([event(0, 1), event(0, 2)], handle))
+        await asyncio.sleep(0.01)
+        assert not log and not task.done()  # waiting for the broker
+        acks[0].set_result(None)
+        await asyncio.sleep(0.01)
+        assert not log  # one output is still unacknowledged
+        acks[1].set_result(None)
+        await task
+
+    asyncio.run(scenario())
+    assert log == [("k", 2, 0)]
+
+
+def test_an_unexpected_failure_drops_the_attempt_and_reruns_the_rest_without_that_record():
+    log: list = []
+    table = Table(log)
+    seen: list[int] = []
+    calls = {"prepare": 0, "failure": 0}
+
+    async def handle(ev) -> bool:
+        seen.append(ev.message.offset)
+        effects.write(table, f"k{ev.message.offset}", ev.message.offset)
+        return ev.message.offset != 2  # offset 2 is a "bug": dead-lettered by guard
+
+    def prepare():
+        calls["prepare"] += 1
+
+    def on_failure():
+        calls["failure"] += 1
+
+    asyncio.run(effects.run_batch([event(0, 1), event(0, 2), event(0, 3)], handle, prepare, on_failure))
+    assert seen == [1, 2, 1, 3]  # the first attempt stopped at 2; the rerun skips it
+    assert sorted(table) == ["k1", "k3"] and [k for k, _v, _p in log] == ["k1", "k3"]
+    assert calls == {"prepare": 2, "failure": 1}
+
+
+def test_outside_a_batch_writes_happen_at_once():
+    log: list = []
+    table = Table(log)
+
+    async def scenario():
+        with effects.in_event(event(3, 0)):
+            effects.write(table, "k", 1)
+            effects.write(table, "k", effects.DELETE)
+
+    asyncio.run(scenario())
+    assert log == [("k", 1, 3), ("k", effects.DELETE, 3)] and "k" not in table
