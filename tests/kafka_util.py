@@ -15,9 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from streams import catalog
+from streams import catalog, kafkatools
 from streams.settings import Settings
 from streams.wire import CodecFactory, decode_key, encode_key
 
@@ -78,15 +78,18 @@ def consume(settings: Settings, topic: str, until: Callable[[list[dict]], bool],
                     return out
                 continue
             raw = msg.value()
+            key = msg.key()
             out.append({
-                "key": msg.key() if topic == catalog.DLQ else decode_key(msg.key()),
+                "key": key if topic == catalog.DLQ or key is None else decode_key(key),
                 "value": (codec.decode(raw) if decode and raw is not None else raw),
                 "raw": raw,
                 "headers": dict(msg.headers() or []),
                 "partition": msg.partition(),
                 "offset": msg.offset(),
             })
-            if until(out):
+            # `until` scans what was read: ask it when caught up (above) and every so often, not
+            # per message (a topic that earlier tests filled holds tens of thousands)
+            if len(out) % 1000 == 0 and until(out):
                 return out
         raise AssertionError(f"timed out after {timeout:.0f}s reading {topic}; got {len(out)} messages")
     finally:
@@ -95,12 +98,20 @@ def consume(settings: Settings, topic: str, until: Callable[[list[dict]], bool],
 
 @contextmanager
 def worker(settings: Settings, name: str, env: dict[str, str] | None = None,
-           ready_timeout: float = 120.0) -> Iterator[subprocess.Popen]:
-    """A real `memstream worker` subprocess; yields once the Faust worker says it is ready."""
+           ready_timeout: float = 120.0, from_start: bool = False) -> Iterator[subprocess.Popen]:
+    """A real `memstream worker` subprocess; yields once the Faust worker says it is ready.
+
+    A new consumer group starts at the current end of the input topics (unless `from_start`):
+    a test sees only what it produces, not the thousands of records earlier tests left there. A
+    group that has committed before (a restarted worker) resumes where it was."""
     log_dir = ROOT / ".memstream" / "test-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     full_env = {**os.environ, **TEST_ENV, **(env or {})}
+    app_id = full_env.get("MEMSTREAM_APP_ID", Settings().app_id)
+    inputs = [t.name for t in catalog.topics() if t.direction == "in"]
+    if not from_start and not _has_offsets(settings, app_id, inputs):
+        kafkatools.position_group(settings, app_id, kafkatools.end_offsets(settings, inputs))
     full_env.setdefault("MEMSTREAM_DATA_DIR", str(ROOT / ".memstream" / "test-data" / name))
     full_env.setdefault("MEMSTREAM_WEB_PORT", str(free_port()))
     with open(log_path, "wb") as log:
@@ -124,6 +135,56 @@ def worker(settings: Settings, name: str, env: dict[str, str] | None = None,
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def read_to_end(settings: Settings, topic: str, keys: set[bytes] | None = None, *,
+                keep: Callable[[bytes | None, int, int], bool] | None = None, decode: bool = True,
+                timeout: float = 120.0) -> list[dict]:
+    """Every record of `topic` up to the high watermarks as of now, in partition order: an
+    exact count, not "until enough arrived". Only records whose key is in `keys` and/or for
+    which keep(key, partition, offset) holds; values decoded unless `decode` is False."""
+    c = Consumer({"bootstrap.servers": settings.broker, "group.id": f"test-end-{uuid.uuid4().hex}",
+                  "enable.auto.commit": False, "log_level": 0, "fetch.max.bytes": 52_428_800})
+    codec = codecs(settings).codec(catalog.topic(topic).value_schema)
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
+        todo = {p for p, end in ends.items() if end > 0}
+        c.assign([TopicPartition(topic, p, 0) for p in todo])
+        out: list[dict] = []
+        deadline = time.monotonic() + timeout
+        while todo:
+            assert time.monotonic() < deadline, f"timed out reading {topic} to its end; partitions left {todo}"
+            for m in c.consume(10_000, 0.5):
+                if m.error():
+                    continue
+                p, o, k = m.partition(), m.offset(), m.key()
+                if o >= ends[p] - 1:
+                    todo.discard(p)
+                if o >= ends[p] or (keys is not None and k not in keys) or (keep is not None and not keep(k, p, o)):
+                    continue
+                raw = m.value()
+                out.append({"key": k, "value": codec.decode(raw) if decode and raw is not None else None,
+                            "raw": raw, "headers": dict(m.headers() or []), "partition": p, "offset": o,
+                            "timestamp": m.timestamp()[1]})
+        return out
+    finally:
+        c.close()
+
+
+def _has_offsets(settings: Settings, group: str, topics: list[str]) -> bool:
+    parts = [TopicPartition(t, p) for (t, p) in kafkatools.end_offsets(settings, topics)]
+    for attempt in range(10):  # right after the broker starts, the group coordinator may move
+        c = kafkatools.consumer(settings, group)
+        try:
+            return any(tp.offset >= 0 for tp in c.committed(parts, timeout=10))
+        except KafkaException:
+            if attempt == 9:
+                raise
+            time.sleep(1)
+        finally:
+            c.close()
+    return False
 
 
 def http_get(port: int, path: str, token: str | None = None) -> tuple[int, dict]:

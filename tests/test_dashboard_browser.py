@@ -21,7 +21,6 @@ ledgers folded with the pure reducers); the page is also checked against the JSO
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 import urllib.request
@@ -42,7 +41,7 @@ from streams.graphs import state as graph_state
 from streams.sessions import lifecycle
 
 from .conftest import ROOT
-from .kafka_util import codecs, free_port, http_get, produce, worker
+from .kafka_util import free_port, http_get, produce, read_to_end, worker
 
 pytestmark = pytest.mark.kafka
 
@@ -129,30 +128,8 @@ def _expected_sessions(records: list) -> dict[str, dict]:
 
 
 def _read_to_end(settings, topic: str, keys: set[str]) -> list[dict]:
-    """Every record of `topic` with one of `keys`, up to the high watermarks as of now."""
-    c = Consumer({"bootstrap.servers": settings.broker, "group.id": f"test-dash-{uuid.uuid4().hex}",
-                  "enable.auto.commit": False, "log_level": 0})
-    codec = codecs(settings).codec(catalog.topic(topic).value_schema)
-    bkeys = {k.encode() for k in keys}
-    try:
-        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
-        todo = {p for p, end in ends.items() if end > 0}
-        c.assign([TopicPartition(topic, p, 0) for p in todo])
-        out, deadline = [], time.monotonic() + 60
-        while todo:
-            assert time.monotonic() < deadline, f"timed out reading {topic}"
-            m = c.poll(0.5)
-            if m is None or m.error():
-                continue
-            if m.offset() >= ends[m.partition()] - 1:
-                todo.discard(m.partition())
-            if m.offset() < ends[m.partition()] and m.key() in bkeys:
-                out.append({"key": m.key().decode(), "value": codec.decode(m.value()) if m.value() else None,
-                            "timestamp": m.timestamp()[1], "partition": m.partition(), "offset": m.offset()})
-        return out
-    finally:
-        c.close()
+    """Every record of `topic` with one of `keys` (str), up to the high watermarks as of now."""
+    return [{**m, "key": m["key"].decode()} for m in read_to_end(settings, topic, {k.encode() for k in keys})]
 
 
 def _offsets(settings, group: str) -> dict[tuple[str, int], tuple[int, int]]:
@@ -509,12 +486,6 @@ def test_dashboard_in_headless_chromium(dash, browser):
     print(f"\n[dashboard] setup {dash['setup_s']:.1f}s, browser part {time.monotonic() - started:.1f}s")
 
 
-
-
-
-@pytest.mark.skipif(os.environ.get("MEMSTREAM_DASHBOARD_FLEET_TEST") != "1",
-                    reason="opt-in (MEMSTREAM_DASHBOARD_FLEET_TEST=1): a partition sometimes stays uncommitted "
-                           "after the second worker joins, a rebalance problem outside the dashboard")
 def test_dashboard_data_is_fleet_wide_across_two_workers(stack):
     """Two workers of one app: either one answers for the whole fleet (its own partitions plus
     the other's, standby copies not counted twice), and a user's figures come from the worker

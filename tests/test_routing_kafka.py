@@ -19,11 +19,11 @@ FACTS = ["The user likes hiking in the Alps every summer.", "Her favourite colou
 
 def _aux_owners(port: int) -> set[str]:
     """Faust's own router view ({worker url: {changelog topic: [partitions]}}): the workers
-    that own partitions of the memory-aux table (the table HTTP routing goes by)."""
+    that own partitions of the memory-state table (the table HTTP routing goes by)."""
     status, body = http_get(port, "/router/")
     assert status == 200
     return {url for url, tables in body.items()
-            if any(topic.endswith("-memory-aux-changelog") and parts for topic, parts in tables.items())}
+            if any(topic.endswith("-memory-state-changelog") and parts for topic, parts in tables.items())}
 
 
 def test_queries_are_answered_by_the_partition_owner_from_any_worker(stack, unique):

@@ -12,8 +12,8 @@ import pytest
 from streams import catalog
 from streams.sessions import lifecycle, samples
 
-from .kafka_util import codecs, free_port, http_get, produce, worker
-from .test_shipper_kafka import read_to_end, wait_caught_up
+from .kafka_util import codecs, free_port, http_get, produce, read_to_end, worker
+from .test_shipper_kafka import wait_caught_up
 
 pytestmark = pytest.mark.kafka
 

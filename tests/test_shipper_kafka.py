@@ -23,42 +23,12 @@ from streams.graphs.paths import graph_events_filename, graph_events_path
 from streams.graphs.shipper_state import HEADER_LINE_ID, line_id
 
 from .conftest import ROOT, TEST_ENV, memstream
-from .kafka_util import codecs, consume, worker
+from .kafka_util import codecs, consume, read_to_end, worker
 
 pytestmark = pytest.mark.kafka
 
 
 # ------------------------------------------------------------------------------------ helpers
-def read_to_end(settings, topic: str, keys: set[bytes] | None = None, timeout: float = 60.0) -> list[dict]:
-    """Every message of `topic` up to the high watermarks as of now (optionally only these keys),
-    in partition order, values decoded: an exact count, not "until enough arrived"."""
-    c = Consumer({"bootstrap.servers": settings.broker, "group.id": f"test-end-{time.monotonic_ns()}",
-                  "enable.auto.commit": False, "log_level": 0})
-    codec = codecs(settings).codec(catalog.topic(topic).value_schema)
-    try:
-        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
-        todo = {p for p, end in ends.items() if end > 0}
-        c.assign([TopicPartition(topic, p, 0) for p in todo])
-        out: list[dict] = []
-        deadline = time.monotonic() + timeout
-        while todo:
-            assert time.monotonic() < deadline, f"timed out reading {topic} to its end; partitions left {todo}"
-            m = c.poll(0.5)
-            if m is None or m.error():
-                continue
-            if m.offset() >= ends[m.partition()] - 1:
-                todo.discard(m.partition())
-            if m.offset() >= ends[m.partition()] or (keys is not None and m.key() not in keys):
-                continue
-            out.append({"key": m.key(), "value": codec.decode(m.value()) if m.value() is not None else None,
-                        "raw": m.value(), "headers": dict(m.headers() or []), "partition": m.partition(),
-                        "offset": m.offset()})
-        return out
-    finally:
-        c.close()
-
-
 def wait_caught_up(settings, group: str, topic: str, timeout: float = 120.0) -> None:
     """Until consumer group `group` has committed the end of every partition of `topic` (Faust
     flushes its producer before it commits, so every output of those records is on the broker)."""
@@ -212,7 +182,7 @@ def test_killed_shipper_resumes_without_losing_or_double_applying_a_line(stack, 
 
     # the graph agent applies each line once: eventCount = distinct lines, state as generated
     app_id = f"it-ship-{unique}"
-    with worker(stack, f"shipper-{unique}", env={"MEMSTREAM_APP_ID": app_id}):
+    with worker(stack, f"shipper-{unique}", env={"MEMSTREAM_APP_ID": app_id}, from_start=True):
         wait_caught_up(stack, app_id, catalog.GRAPH_EVENTS)
     states = {}
     for m in read_to_end(stack, catalog.GRAPH_STATE, keys):
