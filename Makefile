@@ -22,7 +22,7 @@ browser:
 	bash scripts/install-browser.sh
 
 bench: $(STAMP)
-	$(PY) bench/run_all.py
+	$(PY) bench/run_all.py $(BENCH_ARGS)
 
 stack-up: $(STAMP)
 	$(VENV)/bin/memstream dev up

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
@@ -54,15 +57,47 @@ def group_lag(settings: Settings, group: str, ends: Offsets) -> int:
     return sum(max(ends[(tp.topic, tp.partition)] - max(tp.offset, 0), 0) for tp in committed)
 
 
-def start_worker(settings: Settings, app_id: str, log_path: Path, extra_env: dict[str, str] | None = None,
-                 timeout: float = 120) -> subprocess.Popen:
-    """A `memstream worker` subprocess; returns once the Faust worker says it is ready."""
+def last_timestamp_ms(settings: Settings, since: Offsets, timeout: float = 30) -> int | None:
+    """The newest record timestamp among the records appended to the partitions of `since` after
+    those offsets (the last record of each partition that grew), or None when none grew."""
+    ends = end_offsets(settings, sorted({topic for topic, _ in since}))
+    grown = [TopicPartition(t, p, ends[(t, p)] - 1) for (t, p), off in since.items() if ends[(t, p)] > off]
+    if not grown:
+        return None
+    c = consumer(settings, "memstream-probe")
+    pending = {(tp.topic, tp.partition) for tp in grown}
+    newest = 0
+    try:
+        c.assign(grown)
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is not None and not msg.error():
+                pending.discard((msg.topic(), msg.partition()))
+                newest = max(newest, msg.timestamp()[1])
+    finally:
+        c.close()
+    if pending:
+        raise RuntimeError(f"could not read the last record of {len(pending)} partition(s) within {timeout:.0f}s")
+    return newest
+
+
+def spawn_worker(settings: Settings, app_id: str, log_path: Path,
+                 extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A `memstream worker` subprocess, not waited for (its data dir is var/<app_id> unless
+    `extra_env` names another)."""
     env = {**os.environ, "MEMSTREAM_APP_ID": app_id, "MEMSTREAM_DATA_DIR": str(Path("var") / app_id),
            "MEMSTREAM_BROKER": settings.broker, "MEMSTREAM_REGISTRY_URL": settings.registry_url, **(extra_env or {})}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "streams", "worker"], env=env, stdout=log,
+        return subprocess.Popen([sys.executable, "-m", "streams", "worker"], env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
+
+
+def start_worker(settings: Settings, app_id: str, log_path: Path, extra_env: dict[str, str] | None = None,
+                 timeout: float = 120) -> subprocess.Popen:
+    """A `memstream worker` subprocess; returns once the Faust worker says it is ready."""
+    proc = spawn_worker(settings, app_id, log_path, extra_env)
     deadline = time.monotonic() + timeout
     while b"Worker]: Ready" not in log_path.read_bytes():
         if proc.poll() is not None:
@@ -72,6 +107,35 @@ def start_worker(settings: Settings, app_id: str, log_path: Path, extra_env: dic
             raise RuntimeError(f"the worker was not ready after {timeout:.0f}s; read {log_path}")
         time.sleep(0.2)
     return proc
+
+
+def worker_health(port: int, host: str = "127.0.0.1", timeout: float = 5) -> dict | None:
+    """The body of a worker's `GET /health` (ready or not), or None while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=timeout) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as exc:  # 503 while not ready: the body says why
+        body = exc.read()
+    except OSError:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a live process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mib(pid: int) -> float:
+    """Peak resident set size (VmHWM) of a live process, in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/{pid}/status has no VmHWM line")
 
 
 def stop_worker(proc: subprocess.Popen, timeout: float = 30) -> None:

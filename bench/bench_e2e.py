@@ -1,0 +1,771 @@
+"""End to end on the local stack, in one run: raw Kafka baseline, pipeline throughput (one worker
+per store, two workers), latency at half load, changelog recovery, peak RSS.
+
+    .venv/bin/python -m bench.bench_e2e                      # the full run (`make bench` runs this)
+    .venv/bin/python -m bench.bench_e2e --users 40 --latency-seconds 10 \\
+        --recovery-nodes 20000 --stores rocksdb://           # a quick one
+    .venv/bin/python -m bench.bench_e2e --profile            # also profile one worker with py-spy
+
+What each figure means:
+
+* **load**: `streams.generate`'s sample stream (memory candidates, device events, turns, negotiator
+  requests, sessions, graphs, bad records) for `--users` users, timestamps from one hour ago (so
+  housekeeping has nothing to prune), interleaved round-robin by key (per-key order kept) and
+  Avro-encoded once up front. "load generator" is the rate the producer alone sends it. Every
+  pipeline run starts with each load user's de-duplication window already holding `--seen-ids`
+  ids (default MEMSTREAM_DEDUP_MAX_IDS: users that have been active for a while, as in steady
+  state; 0 = brand-new users), persisted as the worker does: sealed chunks of SEEN_CHUNK_SIZE
+  ids in rows `<user>/~seen/<k>` and the open tail in the user's compact aux row.
+* **raw baseline**: a confluent-kafka consumer→producer copying exactly those records (same
+  bytes) from the input topics to a scratch topic (acks=all, async commits); records / time from
+  the first fetch until the producer has flushed.
+* **pipeline**: a fresh app id (consumer group, changelogs, data dir) per run, positioned at the
+  end of the input topics; the workers are started, `/health` ready and their memory caches
+  rebuilt (one `GET /v1/memory/{user}/nodes` per partition: the lazy rebuild that follows every
+  rebalance, ~0.6 s for 400 users with full windows, stays out of the figures) before the first
+  record is produced. Time = first produce → the newest record timestamp (CreateTime, set by the
+  worker's producer when it sends) on the output topics (ledger, relay, nodes, quarantine, DLQ,
+  negotiator replies, compactions; not the timer-driven analytics / graph state), read once the
+  group has committed past the last input record. Rate = input records / time.
+* **latency**: one worker (store of the first one-worker run), the load's first records (at most
+  all of it) produced for `--latency-seconds` at `--latency-rate` (default: half the first
+  one-worker run's rate; several rates, comma-separated, give one run each), each record's
+  Kafka timestamp = its send time. A consumer of `memory.ledger.v1` maps each
+  ledger event to its input by id (the candidate's derived `memory_formed`/`memory_consolidated`
+  id, the event's own id, the turn's `memory_audit` id) and takes each input's first ledger
+  event. *visible* = the tap's receive time - send time (what a downstream consumer sees);
+  *written* = the ledger record's CreateTime - send time (until the worker's send). *p50 first
+  ¼ / last ¼*: visible p50 of the inputs sent in the first / last quarter of the run (a last
+  quarter far above the first: the worker fell behind the rate); *worker CPU busy*: the worker's
+  CPU time / wall time from the first send until all is processed (~100%: one core saturated).
+* **recovery**: a `memory-state` changelog synthesized directly (node rows, and per user a full
+  de-duplication window in the compact form above: chunk rows + aux row; each row in its user's
+  partition), then a worker with an empty data dir: time from process start until `/health`
+  is ready (tables recovered), and until the first `GET /v1/memory/{user}/nodes` answers
+  (rebuilds the similarity index) with all of the user's nodes.
+* **worker CPU / record**: user + system CPU time of the run's workers (/proc/<pid>/stat) from
+  the first produce until the end, per input record; unlike the rates it hardly depends on what
+  else runs on the machine.
+* **peak RSS**: VmHWM of each worker process (/proc/<pid>/status) just before it is stopped.
+* **profile** (`--profile`): one more one-worker run under `py-spy record --format raw` (100 Hz,
+  busy threads only); prints the top functions by own time and memstream's by inclusive time.
+
+Everything a run creates on the broker (topics, consumer groups) and its data dirs are deleted at
+the end; worker logs (and the profile) stay in bench/out/<run id>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import orjson
+from aiokafka.partitioner import murmur2
+from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import NewTopic
+
+from bench.bench_consolidation import memory_text, vocabulary
+from streams import catalog, devstack, generate, kafkatools, topics
+from streams.agents.memory import SOURCES as MEMORY_INPUTS
+from streams.agents.memory import STATE_TABLE, node_key
+from streams.core import UserMemory, event_id_for
+from streams.core.nodes import make_node
+from streams.core.state import SEEN_CHUNK_KEY
+from streams.progress import Progress
+from streams.settings import Settings
+from streams.wire import CodecFactory, encode_key
+
+INPUTS = [t.name for t in catalog.topics() if t.direction == "in"]
+OUTPUTS = [catalog.MEMORY_LEDGER, catalog.MEMORY_RELAY, catalog.MEMORY_NODES, catalog.MEMORY_QUARANTINE,
+           catalog.DLQ, catalog.NEGOTIATOR_REPLIES, catalog.SESSION_COMPACTIONS]
+HOUR_MS = 3_600_000
+TOKEN = "bench-token"
+OUT_DIR = Path("bench/out")
+PROGRESS_S = 5.0
+
+
+class BenchError(RuntimeError):
+    """A step of the benchmark could not run; the message says which and why."""
+
+
+# ------------------------------------------------------------------------------------------ load
+@dataclass(frozen=True)
+class Record:
+    """One pre-encoded input record and the ids of the ledger events it may cause first."""
+
+    topic: str
+    key: bytes
+    value: bytes
+    ledger_ids: tuple[str, ...]
+
+
+def ledger_ids(item: generate.Item) -> tuple[str, ...]:
+    value = item.value
+    if isinstance(value, bytes):
+        return ()
+    if item.topic == catalog.MEMORY_CANDIDATES:
+        return tuple(event_id_for(item.key, value["candidate_id"], kind)
+                     for kind in ("memory_formed", "memory_consolidated"))
+    if item.topic == catalog.MEMORY_EVENTS:
+        return (value["event_id"],)
+    if item.topic == catalog.MEMORY_TURNS:
+        return (event_id_for(item.key, value["turn_id"], "memory_audit"),)
+    return ()
+
+
+def interleave(items: Iterable[generate.Item]) -> list[generate.Item]:
+    """Round-robin over keys (many users at once), each key's records in their order."""
+    lanes: dict[str, deque[generate.Item]] = defaultdict(deque)
+    for item in items:
+        lanes[item.key].append(item)
+    queues, out = list(lanes.values()), []
+    while queues:
+        out += [q.popleft() for q in queues]
+        queues = [q for q in queues if q]
+    return out
+
+
+def build_load(settings: Settings, users: int) -> list[Record]:
+    items = interleave(generate.generate(seed=7, users=users, epoch_ms=int(time.time() * 1000) - HOUR_MS))
+    factory = CodecFactory.from_url(settings.registry_url)
+    factory.register(INPUTS)
+    return [Record(i.topic, encode_key(i.key), i.value if isinstance(i.value, bytes) else
+                   factory.codec(catalog.topic(i.topic).value_schema).encode(i.value), ledger_ids(i)) for i in items]
+
+
+# ------------------------------------------------------------------------------------- producing
+class Sender:
+    """A confluent-kafka producer that retries a full queue and fails on undelivered records."""
+
+    def __init__(self, settings: Settings, **config: object) -> None:
+        self.producer = Producer({"bootstrap.servers": settings.broker, "partitioner": "murmur2_random",
+                                  "linger.ms": 5, "acks": "all", "log_level": 0, **config})
+        self.failures: list[str] = []
+
+    def _delivered(self, err: object, _msg: object) -> None:
+        if err is not None:
+            self.failures.append(str(err))
+
+    def send(self, topic: str, key: bytes, value: bytes, **kw: int) -> None:
+        while True:
+            try:
+                self.producer.produce(topic, value, key, on_delivery=self._delivered, **kw)
+                break
+            except BufferError:
+                self.producer.poll(0.05)
+        self.producer.poll(0)
+
+    def flush(self) -> None:
+        remaining = self.producer.flush(120)
+        if remaining or self.failures:
+            raise BenchError(f"{remaining + len(self.failures)} record(s) not delivered: {self.failures[:1]}")
+
+
+def produce(settings: Settings, records: list[Record]) -> float:
+    """Send every record as fast as the producer goes; returns the send rate (records/s)."""
+    sender, started = Sender(settings), time.monotonic()
+    for r in records:
+        sender.send(r.topic, r.key, r.value)
+    sender.flush()
+    return len(records) / (time.monotonic() - started)
+
+
+def paced(settings: Settings, records: list[Record], rate: float) -> list[float]:
+    """Send records at `rate`/s, each with its send time as Kafka timestamp; returns the send times."""
+    sender, sent = Sender(settings, **{"linger.ms": 0}), []
+    started = last_report = time.time()
+    for n, r in enumerate(records):
+        delay = started + n / rate - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        now = time.time()
+        sent.append(now)
+        sender.send(r.topic, r.key, r.value, timestamp=int(now * 1000))
+        if now - last_report >= PROGRESS_S:
+            last_report = now
+            say(f"  … {n + 1}/{len(records)} sent at {rate:,.0f}/s")
+    sender.flush()
+    return sent
+
+
+# -------------------------------------------------------------------------------- raw baseline
+def raw_copy(settings: Settings, start: kafkatools.Offsets, end: kafkatools.Offsets, scratch: str) -> float:
+    """Copy the records between `start` and `end` to `scratch`; returns records/s from the first
+    record received until the last one is acknowledged."""
+    consumer = kafkatools.consumer(settings, f"{scratch}-group")
+    sender = Sender(settings)
+    todo = {tp: off for tp, off in end.items() if off > start[tp]}
+    consumer.assign([TopicPartition(t, p, start[(t, p)]) for (t, p) in todo])
+    copied, started = 0, 0.0
+    try:
+        while todo:
+            batch = consumer.consume(1000, 0.05)
+            if batch and not started:
+                started = time.monotonic()
+            for msg in batch:
+                if msg.error():
+                    continue
+                sender.send(scratch, msg.key(), msg.value())
+                copied += 1
+                tp = (msg.topic(), msg.partition())
+                if tp in todo and msg.offset() + 1 >= todo[tp]:
+                    del todo[tp]
+            if batch:
+                consumer.commit(asynchronous=True)
+        sender.flush()
+    finally:
+        consumer.close()
+    return copied / (time.monotonic() - started)
+
+
+# ------------------------------------------------------------------------------ memory-state rows
+StateRow = tuple[str, str, bytes]  # (user, table key, JSON row) of the memory-state table
+
+
+def bench_user(n: int) -> str:
+    return f"bench-user-{n:04d}"
+
+
+def user_state(settings: Settings, user: str, seen_ids: int, ts_ms: int) -> list[StateRow]:
+    """A user's de-duplication window holding `seen_ids` candidate ids, as the worker persists
+    it (`MemoryStore.stage`): the sealed chunks (`<user>/~seen/<k>`, SEEN_CHUNK_SIZE ids each)
+    and the compact aux row (the open tail, an empty redo log)."""
+    um = UserMemory(user, dedup_max_ids=settings.dedup_max_ids)
+    for _ in range(seen_ids):
+        um.seen.add(f"c:{uuid.uuid4()}", ts_ms)
+    sealed, _dropped = um.seen_changes()  # chunks wholly out of the window are not in `sealed`
+    rows = [(user, node_key(user, f"{SEEN_CHUNK_KEY}{k}"), orjson.dumps(chunk)) for k, chunk in sorted(sealed.items())]
+    return rows + [(user, user, orjson.dumps({**um.aux_record(compact=True), "pending": {}}))]
+
+
+def state_rows_per_user(settings: Settings, seen_ids: int) -> int:
+    """Rows `user_state` writes for one user: the window's retained sealed chunks + the aux row."""
+    return len(user_state(settings, "count", seen_ids, 0))
+
+
+def history(settings: Settings, load: list[Record], seen_ids: int) -> list[StateRow]:
+    """A window of `seen_ids` ids for every user of the load (users active for a while)."""
+    users = sorted({r.key.decode() for r in load if r.topic in MEMORY_INPUTS})
+    ts_ms = int(time.time() * 1000) - 2 * HOUR_MS
+    return [row for u in users for row in user_state(settings, u, seen_ids, ts_ms)] if seen_ids else []
+
+
+def recovery_rows(settings: Settings, nodes: int, users: int) -> Iterator[StateRow]:
+    """`nodes` live nodes spread over `users` users, and each user's full de-duplication window
+    (chunk rows + aux row)."""
+    rnd, vocab, ts_ms = random.Random(20240601), vocabulary(random.Random(1), 20_000), int(time.time() * 1000) - HOUR_MS
+    for u in range(users):
+        user = bench_user(u)
+        for n in range(nodes // users):
+            node_id = f"node-{n:07d}"
+            yield user, node_key(user, node_id), orjson.dumps(make_node(
+                node_id=node_id, motebit_id=user, content=memory_text(rnd, vocab), sensitivity="personal",
+                memory_type="semantic", confidence=0.7, created_at=ts_ms, valid_from=ts_ms, origin_event_id=node_id))
+        yield from user_state(settings, user, settings.dedup_max_ids, ts_ms)
+
+
+def write_state(settings: Settings, app_id: str, rows: Iterable[StateRow], total: int) -> None:
+    """Write rows straight into the app's memory-state changelog, each in its user's partition
+    (where the worker's own writes go: the partition of the input that caused them)."""
+    topic = f"{app_id}-{STATE_TABLE}-changelog"
+    create_topic(settings, topic, {"cleanup.policy": "compact"})
+    sender, bar = Sender(settings, **{"linger.ms": 50}), Progress(total, f"rows written to {topic}", PROGRESS_S)
+    for user, key, row in rows:
+        sender.send(topic, key.encode(), row, partition=(murmur2(user.encode()) & 0x7FFFFFFF) % settings.partitions)
+        bar.advance()
+    sender.flush()
+
+
+# ------------------------------------------------------------------------------------- workers
+@dataclass
+class Worker:
+    proc: subprocess.Popen
+    port: int
+    log: Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_env(port: int, store: str, data_dir: Path) -> dict[str, str]:
+    return {"MEMSTREAM_WEB_PORT": str(port), "MEMSTREAM_STORE": store, "MEMSTREAM_DATA_DIR": str(data_dir),
+            "MEMSTREAM_API_TOKENS": f"{TOKEN}:secret"}
+
+
+def start_workers(settings: Settings, app_id: str, count: int, store: str, run: Path,
+                  state: list[StateRow]) -> list[Worker]:
+    """`count` workers of a fresh group positioned at the inputs' end, with `state` in their
+    memory-state table, all ready and settled."""
+    if state:
+        write_state(settings, app_id, state, len(state))
+    kafkatools.position_group(settings, app_id, kafkatools.end_offsets(settings, INPUTS))
+    workers: list[Worker] = []
+    try:
+        for n in range(count):
+            port = free_port()
+            env, log = worker_env(port, store, run / "data" / f"{app_id}-w{n}"), run / f"{app_id}-w{n}.log"
+            workers.append(Worker(kafkatools.start_worker(settings, app_id, log, env), port, log))
+        wait_settled(workers)
+        warm_up(settings, workers, state)
+    except BaseException:
+        stop(workers)
+        raise
+    return workers
+
+
+def warm_up(settings: Settings, workers: list[Worker], state: list[StateRow]) -> None:
+    """Query one seeded user of every partition, so that each worker rebuilds its memory cache
+    (lazily done after every rebalance: ~0.6 s for 400 users with full windows) before the
+    measurement rather than in its first batch."""
+    by_partition: dict[int, str] = {}
+    for user, _key, _row in state:
+        by_partition.setdefault((murmur2(user.encode()) & 0x7FFFFFFF) % settings.partitions, user)
+    if not by_partition:
+        return
+    started = time.monotonic()
+    for user in by_partition.values():
+        query_nodes(workers[0].port, user)
+    say(f"   warm-up: memory caches rebuilt (one query per partition) in {time.monotonic() - started:.1f}s")
+
+
+def check_alive(workers: Iterable[Worker]) -> None:
+    for w in workers:
+        if w.proc.poll() is not None:
+            raise BenchError(f"the worker on port {w.port} exited {w.proc.returncode}; read {w.log}")
+
+
+def wait_settled(workers: list[Worker], timeout: float = 300) -> None:
+    """Until every worker's /health has said ready three polls in a row (the group settled)."""
+    streak, deadline, last_report = 0, time.monotonic() + timeout, time.monotonic()
+    while streak < 3:
+        check_alive(workers)
+        states = [(kafkatools.worker_health(w.port) or {}).get("status", "down") for w in workers]
+        streak = streak + 1 if all(s == "ready" for s in states) else 0
+        if time.monotonic() > deadline:
+            raise BenchError(f"workers not ready after {timeout:.0f}s: {states}")
+        if time.monotonic() - last_report >= PROGRESS_S:
+            last_report = time.monotonic()
+            say(f"  … waiting for {len(workers)} worker(s) to settle: {', '.join(states)}")
+        time.sleep(0.5)
+
+
+def stop(workers: list[Worker]) -> None:
+    for w in workers:
+        kafkatools.stop_worker(w.proc)
+
+
+def wait_processed(settings: Settings, app_id: str, ends: kafkatools.Offsets, workers: list[Worker]) -> None:
+    """Until the group has committed past `ends`; prints the lag now and then."""
+    started = last_report = time.monotonic()
+    while (lag := kafkatools.group_lag(settings, app_id, ends)) > 0:
+        check_alive(workers)
+        if time.monotonic() - last_report >= PROGRESS_S:
+            last_report = time.monotonic()
+            say(f"  … lag {lag:,} records ({time.monotonic() - started:.0f}s)")
+        time.sleep(0.5)
+
+
+# ------------------------------------------------------------------------------------ throughput
+@dataclass
+class Throughput:
+    label: str
+    workers: int
+    store: str
+    records: int
+    seconds: float
+    cpu_s: float  # CPU time of all workers from the first produce to the end
+    rss_mib: list[float]
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds
+
+    @property
+    def cpu_ms_per_record(self) -> float:
+        return 1000 * self.cpu_s / self.records
+
+
+def pipeline_run(settings: Settings, load: list[Record], state: list[StateRow], label: str, count: int,
+                 store: str, run: Path, profile: Path | None = None) -> Throughput:
+    app_id = f"{run.name}-{label}"
+    say(f"\n== pipeline: {count} worker(s), {store}, {len(load):,} records (app id {app_id})")
+    workers, spy = start_workers(settings, app_id, count, store, run, state), None
+    try:
+        if profile:
+            spy = start_profiler(workers[0].proc.pid, profile)
+        out_start = kafkatools.end_offsets(settings, OUTPUTS)
+        cpu0, t0 = sum(kafkatools.cpu_seconds(w.proc.pid) for w in workers), time.time()
+        produce(settings, load)
+        wait_processed(settings, app_id, kafkatools.end_offsets(settings, INPUTS), workers)
+        newest = kafkatools.last_timestamp_ms(settings, out_start)
+        if newest is None:
+            raise BenchError(f"{app_id} wrote no output")
+        cpu = sum(kafkatools.cpu_seconds(w.proc.pid) for w in workers) - cpu0
+        rss = [kafkatools.peak_rss_mib(w.proc.pid) for w in workers]
+    finally:
+        if spy:
+            stop_profiler(spy)
+        stop(workers)
+    result = Throughput(label, count, store, len(load), newest / 1000 - t0, cpu, rss)
+    say(f"   {result.rate:,.0f} records/s ({result.seconds:.1f}s), worker CPU {result.cpu_ms_per_record:.2f} ms/record, "
+        f"peak RSS {', '.join(f'{r:.0f}' for r in rss)} MiB")
+    return result
+
+
+# --------------------------------------------------------------------------------------- latency
+class LedgerTap(threading.Thread):
+    """Reads memory.ledger.v1 from given offsets in the background: (receive time, CreateTime ms, value)."""
+
+    def __init__(self, settings: Settings, start: kafkatools.Offsets) -> None:
+        super().__init__(daemon=True)
+        self.consumer = kafkatools.consumer(settings, "memstream-bench-tap")
+        self.consumer.assign([TopicPartition(t, p, off) for (t, p), off in start.items()])
+        self.positions = dict(start)
+        self.seen: list[tuple[float, int, bytes]] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            batch = self.consumer.consume(500, 0.05)
+            now = time.time()
+            for msg in batch:
+                if not msg.error():
+                    self.seen.append((now, msg.timestamp()[1], msg.value()))
+                    self.positions[(msg.topic(), msg.partition())] = msg.offset() + 1
+        self.consumer.close()
+
+    def drain(self, ends: kafkatools.Offsets, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while any(self.positions[tp] < end for tp, end in ends.items()):
+            if time.monotonic() > deadline:
+                raise BenchError(f"the ledger tap did not reach the end of {catalog.MEMORY_LEDGER} in {timeout:.0f}s")
+            time.sleep(0.1)
+        self.stopping.set()
+        self.join()
+
+
+@dataclass
+class Latency:
+    rate: float
+    store: str
+    records: int
+    matched: int
+    visible_ms: list[float]
+    written_ms: list[float]
+    early_ms: list[float]  #: visible latency of the inputs sent in the first quarter of the run
+    late_ms: list[float]  #: ... in the last quarter (much higher than early: the worker falls behind)
+    busy: float = 0.0  #: worker CPU seconds / wall seconds from the first send until all processed
+
+
+def percentile(sorted_ms: list[float], q: float) -> float:
+    return sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))]
+
+
+def latency_run(settings: Settings, load: list[Record], state: list[StateRow], base: Throughput, rate: float,
+                seconds: float, run: Path) -> Latency:
+    """The load's first records at `rate`/s (default: half `base`'s rate) through one worker of `base`'s store."""
+    rate = rate or base.rate / 2
+    records = load[: max(2, int(rate * seconds))]
+    app_id = f"{run.name}-latency-{rate:.0f}"
+    say(f"\n== latency: {len(records):,} records at {rate:,.0f}/s through one worker, {base.store} (app id {app_id})")
+    workers = start_workers(settings, app_id, 1, base.store, run, state)
+    try:
+        ledger = [catalog.MEMORY_LEDGER]
+        tap = LedgerTap(settings, kafkatools.end_offsets(settings, ledger))
+        tap.start()
+        cpu0, t0 = kafkatools.cpu_seconds(workers[0].proc.pid), time.monotonic()
+        sent = paced(settings, records, rate)
+        wait_processed(settings, app_id, kafkatools.end_offsets(settings, INPUTS), workers)
+        busy = (kafkatools.cpu_seconds(workers[0].proc.pid) - cpu0) / (time.monotonic() - t0)
+        tap.drain(kafkatools.end_offsets(settings, ledger))
+    finally:
+        stop(workers)
+    result = match_latencies(settings, records, sent, tap.seen, rate, base.store)
+    result.busy = busy
+    say(f"   visible p50 {percentile(result.visible_ms, .5):,.0f} ms, p99 {percentile(result.visible_ms, .99):,.0f} ms "
+        f"({result.matched:,} inputs matched); p50 first quarter {percentile(result.early_ms, .5):,.0f} ms, "
+        f"last quarter {percentile(result.late_ms, .5):,.0f} ms; worker CPU busy {100 * busy:.0f}%")
+    return result
+
+
+def match_latencies(settings: Settings, records: list[Record], sent: list[float],
+                    seen: list[tuple[float, int, bytes]], rate: float, store: str) -> Latency:
+    """Each input's first ledger event: receive time and CreateTime minus the input's send time."""
+    index: dict[str, int] = {}
+    for n, r in enumerate(records):
+        for eid in r.ledger_ids:
+            index.setdefault(eid, n)
+    decode = CodecFactory.from_url(settings.registry_url).codec("memory_event").decode
+    first: dict[int, tuple[float, int]] = {}
+    for received, created_ms, value in seen:
+        n = index.get(decode(value)["event_id"])
+        if n is not None and (n not in first or received < first[n][0]):
+            first[n] = (received, created_ms)
+    if len(first) < 2:
+        raise BenchError(f"only {len(first)} ledger event(s) matched an input; cannot compute latency")
+    visible = sorted((received - sent[n]) * 1000 for n, (received, _) in first.items())
+    written = sorted(created - int(sent[n] * 1000) for n, (_, created) in first.items())
+    quarter = len(records) // 4
+    early = sorted((received - sent[n]) * 1000 for n, (received, _) in first.items() if n < quarter) or visible
+    late = sorted((received - sent[n]) * 1000 for n, (received, _) in first.items() if n >= len(records) - quarter) or visible
+    return Latency(rate, store, len(records), len(first), visible, written, early, late)
+
+
+# -------------------------------------------------------------------------------------- recovery
+@dataclass
+class Recovery:
+    nodes: int
+    users: int
+    store: str
+    ready_s: float
+    query_s: float
+    ready_rss_mib: float
+    rss_mib: float
+
+
+def recovery_run(settings: Settings, app_id: str, nodes: int, users: int, store: str, run: Path) -> Recovery:
+    """Start a worker on an empty data dir; time until /health is ready and a query answers."""
+    say(f"\n== recovery: {nodes:,} nodes / {users} users, {store} (app id {app_id})")
+    kafkatools.position_group(settings, app_id, kafkatools.end_offsets(settings, INPUTS))
+    port, tag = free_port(), store.split(":")[0]
+    env, log = worker_env(port, store, run / "data" / f"{app_id}-{tag}"), run / f"{app_id}-{tag}.log"
+    started = time.monotonic()
+    worker = Worker(kafkatools.spawn_worker(settings, app_id, log, env), port, log)
+    try:
+        wait_ready(worker)
+        ready, ready_rss = time.monotonic() - started, kafkatools.peak_rss_mib(worker.proc.pid)
+        say(f"   /health ready after {ready:.1f}s (peak RSS {ready_rss:,.0f} MiB); querying one user (rebuilds the index)")
+        answered = query_nodes(port, bench_user(0))
+        queried = time.monotonic() - started
+        if answered != nodes // users:
+            raise BenchError(f"the recovered worker answered {answered} nodes for {bench_user(0)}, expected {nodes // users}")
+        rss = kafkatools.peak_rss_mib(worker.proc.pid)
+    finally:
+        stop([worker])
+    say(f"   first query answered after {queried:.1f}s, peak RSS {rss:,.0f} MiB")
+    return Recovery(nodes, users, store, ready, queried, ready_rss, rss)
+
+
+def wait_ready(worker: Worker, timeout: float = 3600) -> None:
+    deadline, last_report = time.monotonic() + timeout, time.monotonic()
+    while True:
+        check_alive([worker])
+        health = kafkatools.worker_health(worker.port)
+        if health and health["status"] == "ready":
+            return
+        if time.monotonic() > deadline:
+            raise BenchError(f"the worker was not ready after {timeout:.0f}s")
+        if time.monotonic() - last_report >= PROGRESS_S:
+            last_report = time.monotonic()
+            say(f"  … {health['reason'] if health else 'not answering yet'}")
+        time.sleep(0.2)
+
+
+def query_nodes(port: int, user: str, timeout: float = 3600) -> int:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/memory/{user}/nodes",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=timeout) as resp:
+        return len(orjson.loads(resp.read())["nodes"])
+
+
+# ------------------------------------------------------------------------------------- profiling
+def start_profiler(pid: int, out: Path) -> subprocess.Popen:
+    spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if spy is None:
+        raise BenchError("--profile needs py-spy: .venv/bin/pip install py-spy (a measuring tool, not a dependency)")
+    say(f"   profiling pid {pid} with py-spy into {out}")
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw", "--nolineno", "--rate", "100",
+                             "--output", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profiler(spy: subprocess.Popen) -> None:
+    spy.send_signal(signal.SIGINT)
+    spy.wait(60)
+
+
+ENTRY_FRAMES = ("(streams/__main__.py)", "(streams/cli.py)", "(streams/worker.py)")  # in every sample
+
+
+def hotspots(collapsed: Path, top: int, scope: str) -> tuple[int, list[tuple[str, float]], list[tuple[str, float]]]:
+    """From a py-spy raw profile: (samples, the `top` functions by own time, the `top` functions
+    whose file path contains `scope` by inclusive time, entry points left out), shares in % of
+    all samples."""
+    inclusive, own, total = Counter[str](), Counter[str](), 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames, n = stack.split(";"), int(count)
+        total += n
+        own[frames[-1]] += n
+        for frame in set(frames):
+            inclusive[frame] += n
+    ours = [(f, n) for f, n in inclusive.most_common() if scope in f and not f.endswith(ENTRY_FRAMES)][:top]
+    return total, [(f, 100 * n / total) for f, n in own.most_common(top)], [(f, 100 * n / total) for f, n in ours]
+
+
+# ---------------------------------------------------------------------------------------- report
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    mem_kib = int(Path("/proc/meminfo").read_text().split()[1])
+    return f"{os.cpu_count()} vCPU {cpu}, {mem_kib / 2**20:.0f} GiB, {platform.system()} {platform.release()}"
+
+
+def versions(settings: Settings) -> str:
+    libs = ", ".join(f"{name} {metadata.version(name)}" for name in
+                     ("faust-streaming", "aiokafka", "confluent-kafka", "fastavro", "rocksdict", "orjson"))
+    return f"Python {platform.python_version()}, Kafka {settings.kafka_version}, Apicurio {settings.apicurio_version}, {libs}"
+
+
+def report(settings: Settings, args: argparse.Namespace, records: int, generator: float, raw: float,
+           runs: list[Throughput], latencies: list[Latency], recoveries: list[Recovery]) -> None:
+    say(f"\n## Summary ({time.strftime('%Y-%m-%d %H:%M %Z')})\n\n{machine()}\n{versions(settings)}\n"
+        f"partitions {settings.partitions}, standby replicas {settings.standby_replicas}, batch max "
+        f"{settings.batch_max} / wait {settings.batch_wait_ms} ms, registry {'yes' if settings.registry_url else 'no'}, "
+        f"at-least-once; {args.users} users, each starting with {args.seen_ids} ids in its de-duplication window\n")
+    say("| run | workers | store | input records | time | records/s | of raw | worker CPU / record | peak RSS / worker |\n"
+        "|---|---|---|---|---|---|---|---|---|")
+    say(f"| load generator (producer only) | – | – | {records:,} | – | {generator:,.0f} | – | – | – |")
+    say(f"| raw consumer→producer copy | – | – | {records:,} | – | {raw:,.0f} | 100% | – | – |")
+    for r in runs:
+        rss = " / ".join(f"{m:,.0f} MiB" for m in r.rss_mib)
+        say(f"| pipeline | {r.workers} | {r.store} | {r.records:,} | {r.seconds:.1f} s | **{r.rate:,.0f}** | "
+            f"{100 * r.rate / raw:.1f}% | {r.cpu_ms_per_record:.2f} ms | {rss} |")
+    if latencies:
+        say("\n| latency, one worker | inputs | matched | visible p50 | p99 | max | written p50 | p99 "
+            "| p50 first ¼ | p50 last ¼ | worker CPU busy |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    for lat in latencies:
+        v, w = lat.visible_ms, lat.written_ms
+        say(f"| {lat.rate:,.0f}/s, {lat.store} | {lat.records:,} | {lat.matched:,} | "
+            f"{percentile(v, .5):,.0f} ms | {percentile(v, .99):,.0f} ms | {v[-1]:,.0f} ms | "
+            f"{percentile(w, .5):,.0f} ms | {percentile(w, .99):,.0f} ms | "
+            f"{percentile(lat.early_ms, .5):,.0f} ms | {percentile(lat.late_ms, .5):,.0f} ms | {100 * lat.busy:.0f}% |")
+    if recoveries:
+        say("\n| recovery: nodes | users | store | /health ready | first query answered | peak RSS at ready | peak RSS |\n"
+            "|---|---|---|---|---|---|---|")
+        for c in recoveries:
+            say(f"| {c.nodes:,} | {c.users} | {c.store} | {c.ready_s:.1f} s | {c.query_s:.1f} s | "
+                f"{c.ready_rss_mib:,.0f} MiB | {c.rss_mib:,.0f} MiB |")
+
+
+def report_profile(path: Path, top: int = 20) -> None:
+    total, own, ours = hotspots(path, top, "streams/")
+    say(f"\n## Profile of one worker under load ({total:,} py-spy samples of busy threads, {path})\n\n"
+        "| own time (leaf function) | share |\n|---|---|")
+    for frame, share in own:
+        say(f"| `{frame}` | {share:.1f}% |")
+    say("\n| memstream function (inclusive) | share |\n|---|---|")
+    for frame, share in ours:
+        say(f"| `{frame}` | {share:.1f}% |")
+
+
+# ------------------------------------------------------------------------------------------ main
+def create_topic(settings: Settings, name: str, config: dict[str, str]) -> None:
+    admin = topics.admin_client(settings)
+    admin.create_topics([NewTopic(name, settings.partitions, settings.replication, config=config)])[name].result()
+
+
+def delete_run_topics(settings: Settings, prefix: str) -> None:
+    """Drop every topic and consumer group the run created (changelogs, scratch topic, groups)."""
+    admin = topics.admin_client(settings)
+    names = [t for t in admin.list_topics(timeout=30).topics if t.startswith(prefix)]
+    for fut in admin.delete_topics(names, operation_timeout=60).values() if names else ():
+        fut.result()
+    groups = [g.group_id for g in admin.list_consumer_groups().result(60).valid if g.group_id.startswith(prefix)]
+    for fut in admin.delete_consumer_groups(groups).values() if groups else ():
+        fut.result()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--users", type=int, default=400, help="users of the generated load (~50 records each)")
+    ap.add_argument("--seen-ids", type=int, default=None,
+                    help="ids already in each load user's de-duplication window (default: a full window; 0 = new users)")
+    ap.add_argument("--latency-seconds", type=float, default=30, help="how long the paced latency run sends (0 = skip)")
+    ap.add_argument("--latency-rate", default="0",
+                    help="records/s of the latency run, comma-separated for several runs (0 = half the one-worker rate)")
+    ap.add_argument("--recovery-nodes", default="100000,1000000", help="memory nodes to recover, comma-separated ('' = skip)")
+    ap.add_argument("--recovery-users", type=int, default=100)
+    ap.add_argument("--stores", default="rocksdb://,memory://", help="stores of the one-worker and recovery runs")
+    ap.add_argument("--no-scaling", action="store_true", help="skip the two-worker run")
+    ap.add_argument("--profile", action="store_true", help="one more one-worker run under py-spy (bench/out/<run id>/py-spy-profile.txt)")
+    return ap.parse_args(argv)
+
+
+def run_all(settings: Settings, args: argparse.Namespace, run: Path) -> None:
+    stores = [s for s in args.stores.split(",") if s]
+    load = build_load(settings, args.users)
+    say(f"== load: {len(load):,} records for {args.users} users: {dict(Counter(r.topic for r in load))}")
+    state = history(settings, load, args.seen_ids)
+    start = kafkatools.end_offsets(settings, INPUTS)
+    generator = produce(settings, load)
+    say(f"   load generator: {generator:,.0f} records/s")
+    scratch = f"{run.name}-raw-copy"
+    create_topic(settings, scratch, {})
+    raw = raw_copy(settings, start, kafkatools.end_offsets(settings, INPUTS), scratch)
+    say(f"   raw consumer→producer copy: {raw:,.0f} records/s")
+    runs = [pipeline_run(settings, load, state, f"1w-{s.split(':')[0]}", 1, s, run) for s in stores]
+    if not args.no_scaling:
+        runs.append(pipeline_run(settings, load, state, "2w-rocksdb", 2, "rocksdb://", run))
+    if args.profile:
+        profile = run / "py-spy-profile.txt"
+        pipeline_run(settings, load, state, "profile", 1, "rocksdb://", run, profile)
+        report_profile(profile)
+    latencies = []
+    if args.latency_seconds > 0 and runs:
+        latencies = [latency_run(settings, load, state, runs[0], float(rate), args.latency_seconds, run)
+                     for rate in args.latency_rate.split(",") if rate]
+    recoveries = []
+    for nodes in (int(n) for n in args.recovery_nodes.split(",") if n):
+        app_id = f"{run.name}-recovery-{nodes}"
+        say(f"\n== synthesizing {nodes:,} nodes for {args.recovery_users} users")
+        write_state(settings, app_id, recovery_rows(settings, nodes, args.recovery_users),
+                    nodes + args.recovery_users * state_rows_per_user(settings, settings.dedup_max_ids))
+        recoveries += [recovery_run(settings, app_id, nodes, args.recovery_users, s, run) for s in stores]
+    report(settings, args, len(load), generator, raw, runs, latencies, recoveries)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = Settings.from_env()
+    args.seen_ids = settings.dedup_max_ids if args.seen_ids is None else args.seen_ids
+    run_id = f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
+    run = OUT_DIR / run_id
+    try:
+        devstack.up(settings)
+        if not topics.apply(settings).ok:
+            raise BenchError("the catalog topics drifted; see `memstream topics apply`")
+        try:
+            run_all(settings, args, run)
+        finally:
+            shutil.rmtree(run / "data", ignore_errors=True)
+            delete_run_topics(settings, run_id)
+    except (BenchError, devstack.StackError, topics.TopicError, RuntimeError, KafkaException, OSError) as exc:
+        sys.exit(f"bench_e2e: {exc}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
