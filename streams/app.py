@@ -17,7 +17,7 @@ import logging
 import socket
 import time
 from datetime import timedelta
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable
 
 import faust
 from aiokafka.partitioner import murmur2
@@ -119,7 +119,7 @@ class Runtime:
         return (murmur2(key.encode()) & 0x7FFFFFFF) % self.settings.partitions
 
     def ticks(self, name: str, owner_topic: str, handler: Callable[[int, int], Awaitable[None]],
-              cache: "DerivedCache | None" = None, lock: asyncio.Lock | None = None) -> None:
+              cache: effects.DerivedCache | None = None, lock: asyncio.Lock | None = None) -> None:
         """A partition-local timer whose handler runs inside an event of partition p.
 
         Faust refuses table writes outside a stream event, and a write's changelog partition is
@@ -131,7 +131,6 @@ class Runtime:
         the agent that owns the same state).
         """
         lock = lock or asyncio.Lock()
-        prepare, on_failure = (cache.refresh, cache.invalidate) if cache else (lambda: None, lambda: None)
         topic = self.app.topic(f"{self.settings.app_id}-{name}-ticks", partitions=self.settings.partitions,
                                internal=True, key_serializer="raw", value_serializer="raw",
                                retention=timedelta(hours=1))
@@ -148,7 +147,7 @@ class Runtime:
         async def on_tick(stream):
             async for event in stream.events():
                 async with lock:  # the sweep's outputs first, then its table writes
-                    await effects.run_batch([event], handle, prepare, on_failure)
+                    await effects.run_batch([event], handle, cache)
 
         @self.app.timer(self.settings.timer_interval_s, name=f"{name}-timer")
         async def send_ticks():
@@ -214,13 +213,12 @@ class Runtime:
         return True
 
     def stateful_agent(self, channel: faust.TopicT, name: str, handler: Handler,
-                       cache: "DerivedCache | None" = None, lock: asyncio.Lock | None = None) -> None:
+                       cache: effects.DerivedCache | None = None, lock: asyncio.Lock | None = None) -> None:
         """An agent that runs `handler` per event with the outputs-first protocol of
         `streams.effects` (batches of MEMSTREAM_BATCH_MAX, waiting at most MEMSTREAM_BATCH_WAIT_MS).
         `cache` is state derived from the tables (refreshed before a batch, dropped after a failed
         one); `lock` serializes its batches with other writers of the same state (timers)."""
         lock = lock or asyncio.Lock()
-        prepare, on_failure = (cache.refresh, cache.invalidate) if cache else (lambda: None, lambda: None)
 
         async def handle(event: faust.types.EventT) -> bool:
             return await self.guard(event, handler)
@@ -229,7 +227,7 @@ class Runtime:
         async def run(stream):
             async for events in stream.take_events(self.settings.batch_max, self.settings.batch_wait_ms / 1000):
                 async with lock:
-                    await effects.run_batch(list(events), handle, prepare, on_failure)
+                    await effects.run_batch(list(events), handle, cache)
 
     async def _decode(self, topic: str, value: bytes | None) -> dict:
         if value is None:
@@ -243,16 +241,6 @@ class Runtime:
                 log.warning("schema registry unavailable (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
-
-
-class DerivedCache(Protocol):
-    """State an agent derives from its tables (e.g. the memory agent's per-user index)."""
-
-    def refresh(self) -> None:
-        """Rebuild from the tables if invalidated (called with no batch in progress)."""
-
-    def invalidate(self) -> None:
-        """Mark stale: it holds effects that were dropped, or partitions moved."""
 
 
 class _NullValue(WireFormatError):

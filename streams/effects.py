@@ -23,7 +23,7 @@ per-user row, which also carries the node rows of the batch as a redo log) can a
 
 A handler that fails unexpectedly (a bug, not bad input) has its record dead-lettered by
 `Runtime.guard`; the attempt's staged state is dropped, the agent's derived caches are rebuilt
-from the tables (`on_failure`) and the batch runs again without that record.
+from the tables (`DerivedCache.invalidate`) and the batch runs again without that record.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import weakref
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator, Protocol
 
 from faust import streams as faust_streams
 from faust.types import EventT, TableT
@@ -145,16 +145,26 @@ def read(table: TableT, key: str, default: Any = None) -> Any:
     return batch.staged(table, key, default) if batch is not None else table.get(key, default)
 
 
+class DerivedCache(Protocol):
+    """State an agent derives from its tables (e.g. the memory agent's per-user index)."""
+
+    def refresh(self) -> None:
+        """Rebuild from the tables if invalidated (called with no batch in progress)."""
+
+    def invalidate(self) -> None:
+        """Mark stale: it holds effects that were dropped, or partitions moved."""
+
+
 async def run_batch(events: list[EventT], handle: Callable[[EventT], Awaitable[bool]],
-                    prepare: Callable[[], None] = lambda: None,
-                    on_failure: Callable[[], None] = lambda: None) -> None:
+                    cache: DerivedCache | None = None) -> None:
     """Run `handle` (True = handled, False = failed unexpectedly and dead-lettered) over the
-    events with the outputs-first protocol described above. `prepare()` runs before each
-    attempt (e.g. rebuild a derived cache if it was invalidated); `on_failure()` after a failed
-    one (e.g. invalidate that cache: it holds the dropped attempt's effects)."""
+    events with the outputs-first protocol described above. The `cache` derived from the
+    tables is refreshed before each attempt and invalidated after a failed one (it holds the
+    dropped attempt's effects)."""
     todo = list(events)
     while todo:
-        prepare()
+        if cache is not None:
+            cache.refresh()
         batch = Batch()
         token = _CURRENT.set(batch)
         failed = None
@@ -171,5 +181,6 @@ async def run_batch(events: list[EventT], handle: Callable[[EventT], Awaitable[b
         finally:
             _CURRENT.reset(token)
         # drop this attempt's state; caches are rebuilt from the tables; run the rest again
-        on_failure()
+        if cache is not None:
+            cache.invalidate()
         todo = todo[:failed] + todo[failed + 1:]

@@ -127,6 +127,15 @@ def _expected_sessions(records: list) -> dict[str, dict]:
 # --------------------------------------------------------------------------- Kafka reading
 
 
+def _produce_by_topic(settings, records: list[tuple[str, str, object]]) -> None:
+    """Produce (topic, key, value) records, one batch per topic."""
+    by_topic = defaultdict(list)
+    for topic, key, value in records:
+        by_topic[topic].append((key, value))
+    for topic, items in by_topic.items():
+        produce(settings, topic, items)
+
+
 def _read_to_end(settings, topic: str, keys: set[str]) -> list[dict]:
     """Every record of `topic` with one of `keys` (str), up to the high watermarks as of now."""
     return [{**m, "key": m["key"].decode()} for m in read_to_end(settings, topic, {k.encode() for k in keys})]
@@ -202,11 +211,7 @@ def dash(stack):
            "MEMSTREAM_API_TOKENS": f"{TOKEN}:none", "MEMSTREAM_TIMER_INTERVAL_S": "1"}
     started = time.monotonic()
     with worker(stack, f"dash-{suffix}", env=env):
-        by_topic = defaultdict(list)
-        for topic, key, value in records:
-            by_topic[topic].append((key, value))
-        for topic, items in by_topic.items():
-            produce(stack, topic, items)
+        _produce_by_topic(stack, records)
         offsets = _wait_caught_up(stack, app_id)
         time.sleep(2.5)  # two analytics timer ticks: every changed window is published
         users = meta["users"]
@@ -504,11 +509,7 @@ def test_dashboard_data_is_fleet_wide_across_two_workers(stack):
                 break
             assert time.monotonic() < deadline, f"partitions never split between the workers: {owned}"
             time.sleep(1)
-        by_topic = defaultdict(list)
-        for topic, key, value in records:
-            by_topic[topic].append((key, value))
-        for topic, items in by_topic.items():
-            produce(stack, topic, items)
+        _produce_by_topic(stack, records)
         offsets = _wait_caught_up(stack, app_id)
         time.sleep(2.5)
         mine = _user_totals(stack, meta["users"])

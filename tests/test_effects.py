@@ -96,13 +96,14 @@ def test_an_unexpected_failure_drops_the_attempt_and_reruns_the_rest_without_tha
         effects.write(table, f"k{ev.message.offset}", ev.message.offset)
         return ev.message.offset != 2  # offset 2 is a "bug": dead-lettered by guard
 
-    def prepare():
-        calls["prepare"] += 1
+    class Cache:
+        def refresh(self):
+            calls["prepare"] += 1
 
-    def on_failure():
-        calls["failure"] += 1
+        def invalidate(self):
+            calls["failure"] += 1
 
-    asyncio.run(effects.run_batch([event(0, 1), event(0, 2), event(0, 3)], handle, prepare, on_failure))
+    asyncio.run(effects.run_batch([event(0, 1), event(0, 2), event(0, 3)], handle, Cache()))
     assert seen == [1, 2, 1, 3]  # the first attempt stopped at 2; the rerun skips it
     assert sorted(table) == ["k1", "k3"] and [k for k, _v, _p in log] == ["k1", "k3"]
     assert calls == {"prepare": 2, "failure": 1}

@@ -112,7 +112,7 @@ class MemoryStore:
     async def _on_rebalance(self, *args: Any, **kwargs: Any) -> None:
         self.valid = False
 
-    # DerivedCache (streams.app): refreshed before every batch, dropped after a failed one
+    # DerivedCache (streams.effects): refreshed before every batch, dropped after a failed one
     def refresh(self) -> None:
         if not self.valid:
             self._rebuild()
