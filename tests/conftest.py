@@ -19,10 +19,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: Shift every port the suite uses (stack and workers) so two checkouts can test side by side;
+#: every port stays below 32768 (Linux hands out ports above it to outgoing connections).
+PORT_OFFSET = int(os.environ.get("MEMSTREAM_TEST_PORT_OFFSET", "0"))
+if not 0 <= PORT_OFFSET <= 2000:
+    raise SystemExit("MEMSTREAM_TEST_PORT_OFFSET must be between 0 and 2000")
+
 TEST_ENV = {
-    "MEMSTREAM_BROKER": "127.0.0.1:29092",
-    "MEMSTREAM_CONTROLLER_PORT": "29093",
-    "MEMSTREAM_REGISTRY_URL": "http://127.0.0.1:28081/apis/ccompat/v7",
+    "MEMSTREAM_BROKER": f"127.0.0.1:{29092 + PORT_OFFSET}",
+    "MEMSTREAM_CONTROLLER_PORT": str(29093 + PORT_OFFSET),
+    "MEMSTREAM_REGISTRY_URL": f"http://127.0.0.1:{28081 + PORT_OFFSET}/apis/ccompat/v7",
     "MEMSTREAM_STACK_DIR": str(ROOT / ".memstream" / "test-stack"),
     "MEMSTREAM_PARTITIONS": "4",
     "MEMSTREAM_STORE": "memory://",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -209,9 +210,20 @@ def http_get(port: int, path: str, token: str | None = None) -> tuple[int, dict]
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below 32768 (the kernel's ephemeral range starts there: a port it hands to an
+    outgoing connection could be taken before the worker binds it), in this checkout's band."""
+    from .conftest import PORT_OFFSET
+
+    low = 10000 + PORT_OFFSET * 4
+    for _ in range(200):
+        port = random.randrange(low, low + 8000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}..{low + 8000}")
 
 
 def log_of(name: str) -> str:

@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from .conftest import ROOT, memstream
+from .conftest import PORT_OFFSET, ROOT, memstream
 
 pytestmark = pytest.mark.kafka
 
+BROKER_PORT, REGISTRY_PORT = 24092 + PORT_OFFSET, 23081 + PORT_OFFSET
 OWN = {
-    "MEMSTREAM_BROKER": "127.0.0.1:39092",
-    "MEMSTREAM_CONTROLLER_PORT": "39093",
-    "MEMSTREAM_REGISTRY_URL": "http://127.0.0.1:38081/apis/ccompat/v7",
+    "MEMSTREAM_BROKER": f"127.0.0.1:{BROKER_PORT}",
+    "MEMSTREAM_CONTROLLER_PORT": str(BROKER_PORT + 1),
+    "MEMSTREAM_REGISTRY_URL": f"http://127.0.0.1:{REGISTRY_PORT}/apis/ccompat/v7",
     "MEMSTREAM_STACK_DIR": str(ROOT / ".memstream" / "devstack-test"),
 }
 
@@ -38,7 +39,7 @@ def _pids() -> list[int]:
 
 @pytest.fixture
 def own_stack_lock():
-    """Serializes this test across concurrent test sessions (it owns ports 39092/38081)."""
+    """Serializes this test across concurrent test sessions (it owns its stack's ports)."""
     path = ROOT / ".memstream" / "devstack-test.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as lock:
@@ -70,7 +71,7 @@ def test_up_is_idempotent_topics_apply_reports_drift_and_down_leaves_nothing(own
 
     memstream("dev", "down", "--wipe", env=OWN)
     assert not any(Path(f"/proc/{p}").exists() and b"java" in Path(f"/proc/{p}/cmdline").read_bytes() for p in pids)
-    assert not _port_open(39092) and not _port_open(38081)
+    assert not _port_open(BROKER_PORT) and not _port_open(REGISTRY_PORT)
     assert _pids() == []
     assert memstream("dev", "status", env=OWN, check=False).returncode == 1
 
