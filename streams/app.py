@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import time
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 import faust
 from aiokafka.partitioner import murmur2
@@ -31,6 +33,9 @@ from .settings import Settings
 from .wire import CodecFactory, RegistryError, WireFormatError, decode_key
 
 log = logging.getLogger("memstream")
+
+#: Exit status of a worker stopped because an agent itself failed (not one record).
+EXIT_AGENT_FAILED = 70
 
 Handler = Callable[[faust.types.EventT, str, dict], Awaitable[None]]
 
@@ -111,6 +116,14 @@ class Runtime:
         table.key_serializer = faust_codecs.KEY_CODEC
         table.value_serializer = "json"
         table.changelog_topic = table._new_changelog_topic()
+        send_changelog = table.send_changelog
+
+        def send_changelog_tracked(*args: Any, **kwargs: Any) -> Any:
+            fut = send_changelog(*args, **kwargs)  # a FutureMessage: done once the broker has the row
+            effects.record_state_ack(fut)
+            return fut
+
+        table.send_changelog = send_changelog_tracked  # the batch waits for it (streams.effects step 4)
         self.tables[name] = table
         return table
 
@@ -146,8 +159,9 @@ class Runtime:
         @self.app.agent(topic, name=f"{name}-tick-agent")
         async def on_tick(stream):
             async for event in stream.events():
-                async with lock:  # the sweep's outputs first, then its table writes
-                    await effects.run_batch([event], handle, cache)
+                with self.never_ack_unless_applied(f"{name}-tick-agent", [event]):
+                    async with lock:  # the sweep's outputs first, then its table writes
+                        await effects.run_batch([event], handle, cache)
 
         @self.app.timer(self.settings.timer_interval_s, name=f"{name}-timer")
         async def send_ticks():
@@ -178,8 +192,11 @@ class Runtime:
         msg = event.message
         origin = deadletter.Origin(msg.topic, msg.partition, msg.offset, msg.key, msg.value if keep_value else None)
         record = deadletter.dead_letter(origin, stage=stage, reason=reason, error_class=error_class,
-                                        failed_at=int(time.time() * 1000), worker=self.worker_name)
-        ack = await self.outputs[catalog.DLQ].send(key=msg.key, value=record, headers=deadletter.connect_headers(record))
+                                        failed_at=int(time.time() * 1000), worker=self.worker_name,
+                                        max_copy_bytes=self.settings.dlq_max_copy_bytes,
+                                        max_reason_chars=self.settings.dlq_max_reason_chars)
+        ack = await self.outputs[catalog.DLQ].send(key=record["original_key"], value=record,
+                                                   headers=deadletter.connect_headers(record))
         effects.record_ack(ack)
         last_offset, index = self._dlq_index.get((msg.topic, msg.partition), (-1, -1))
         index = index + 1 if last_offset == msg.offset else 0  # the n-th dead letter of this record
@@ -199,6 +216,10 @@ class Runtime:
             record = await self._decode(msg.topic, msg.value)
         except WireFormatError as exc:
             await self.dead_letter(event, deadletter.STAGE_DECODE, str(exc), type(exc).__name__)
+            return True
+        except Exception as exc:  # noqa: BLE001 - a codec bug on odd bytes: the record still goes to the DLQ
+            log.exception("decoding %s[%s]@%s failed unexpectedly", msg.topic, msg.partition, msg.offset)
+            await self.dead_letter(event, deadletter.STAGE_DECODE, f"{type(exc).__name__}: {exc}", type(exc).__name__)
             return True
         started = time.perf_counter()
         try:
@@ -226,8 +247,32 @@ class Runtime:
         @self.app.agent(channel, name=name)
         async def run(stream):
             async for events in stream.take_events(self.settings.batch_max, self.settings.batch_wait_ms / 1000):
-                async with lock:
-                    await effects.run_batch(list(events), handle, cache)
+                with self.never_ack_unless_applied(name, events):
+                    async with lock:
+                        await effects.run_batch(list(events), handle, cache)
+
+    @contextmanager
+    def never_ack_unless_applied(self, agent: str, events: list[faust.types.EventT]) -> Iterator[None]:
+        """Faust acknowledges every event of a taken batch when the agent leaves it, even when it
+        leaves by an exception or a cancellation (`Stream.take_events` acks in a `finally`), and
+        then commits those offsets. A batch whose state was not written must not be committed:
+        its messages are marked acknowledged *without* telling the consumer, so their offsets
+        are never committed and a restart (or the partition's next owner) reads them again.
+        A cancellation (the worker stopping, a partition being revoked) is re-raised; any other
+        failure of the agent itself (not of one record: `guard` dead-letters those) stops the
+        worker at once, before anything later can be committed past the unapplied records."""
+        try:
+            yield
+        except BaseException as exc:
+            for event in events:
+                event.message.acked = True  # Faust's consumer skips an already-acked message
+            if isinstance(exc, (asyncio.CancelledError, GeneratorExit, KeyboardInterrupt, SystemExit)):
+                raise
+            log.critical("agent %s failed on a batch of %d records (%s: %s); stopping the worker without "
+                         "committing them: a restart reads them again", agent, len(events), type(exc).__name__,
+                         exc, exc_info=exc)
+            logging.shutdown()
+            os._exit(EXIT_AGENT_FAILED)
 
     async def _decode(self, topic: str, value: bytes | None) -> dict:
         if value is None:

@@ -10,6 +10,7 @@ runs on the first Java 21+ found (MEMSTREAM_REGISTRY_JAVA, JAVA_HOME, /usr/lib/j
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -21,9 +22,10 @@ import tarfile
 import time
 import urllib.request
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from .settings import Settings
 
@@ -76,9 +78,24 @@ def _kafka_pom(version: str) -> str:
 """
 
 
+@contextmanager
+def _cache_lock(home: Path) -> Iterator[None]:
+    """One fetch of a cache entry at a time: two `dev up` started together (two checkouts, two
+    test sessions) would otherwise unpack into the same directory while the other starts from it."""
+    home.parent.mkdir(parents=True, exist_ok=True)
+    with open(home.parent / f".{home.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def ensure_kafka(settings: Settings) -> Path:
     """Kafka's jars (and an slf4j binding) in the cache; fetched once per version."""
     home = Path(settings.cache_dir) / f"kafka-{settings.kafka_version}"
+    with _cache_lock(home):
+        return _ensure_kafka(settings, home)
+
+
+def _ensure_kafka(settings: Settings, home: Path) -> Path:
     marker = home / ".complete"
     if marker.exists():
         return home / "libs"
@@ -96,8 +113,13 @@ def ensure_kafka(settings: Settings) -> Path:
 
 def ensure_registry(settings: Settings) -> Path:
     """Apicurio Registry's Quarkus app in the cache; fetched and unpacked once per version."""
+    home = Path(settings.cache_dir) / f"apicurio-{settings.apicurio_version}"
+    with _cache_lock(home):
+        return _ensure_registry(settings, home)
+
+
+def _ensure_registry(settings: Settings, home: Path) -> Path:
     version = settings.apicurio_version
-    home = Path(settings.cache_dir) / f"apicurio-{version}"
     marker = home / ".complete"
     app = home / "app"
     if marker.exists():

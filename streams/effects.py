@@ -15,7 +15,15 @@ and, for each batch:
    co-partitioned keys is the input partition). Rows staged with ``first=True`` are written
    before the others, so in every changelog partition they precede the rows they describe.
 
-The source offsets are acknowledged (and later committed) only after step 3. A crash before
+4. waits until every changelog write of step 3 is acknowledged by the broker (Faust would
+   otherwise leave them in its producer buffer, and a stopping worker may commit its offsets
+   before that buffer is flushed).
+
+The source offsets are acknowledged (and later committed) only after step 4. A batch never
+grows one row group's staged bytes past a budget (`Batch.add_bytes`, called by the agent that
+knows its rows): once a group is over it, the events handled so far are made durable (steps
+2-4) and the rest of the batch continues in a new one — so a row that carries a batch's other
+rows as a redo log is bounded by the budget plus one record's rows, whatever the backlog. A crash before
 step 3 re-processes the batch: the same outputs again, with the same derived ids (so a consumer
 recognizes the duplicates), and no state. A crash during step 3 leaves, in each changelog
 partition, a prefix of the writes: an agent that writes a summary row ``first`` (the memory agent's
@@ -60,6 +68,17 @@ class Batch:
     #: keys staged per (table, group) for `staged_rows` (group: the key up to `group_sep`)
     groups: dict[tuple[int, str], list[str]] = field(default_factory=dict)
     event: EventT | None = None  #: the event being handled
+    #: changelog deliveries of `write_state` (Faust's FutureMessage per table write)
+    state_acks: list[Awaitable[Any]] = field(default_factory=list)
+    #: bytes staged per row group (`add_bytes`); `full` once one is over its budget
+    group_bytes: dict[str, int] = field(default_factory=dict)
+    full: bool = False
+
+    def add_bytes(self, group: str, n: int, budget: int) -> None:
+        """Count `n` staged bytes for a row group; over `budget`, the batch ends after this event."""
+        total = self.group_bytes[group] = self.group_bytes.get(group, 0) + n
+        if total > budget:
+            self.full = True
 
     def stage(self, table: TableT, key: str, value: Any, first: bool = False, group_sep: str = "/") -> None:
         assert self.event is not None, "stage() outside an event"
@@ -85,6 +104,11 @@ class Batch:
         if self.acks:
             await asyncio.gather(*self.acks)
             self.acks.clear()
+
+    async def wait_for_state(self) -> None:
+        if self.state_acks:
+            await asyncio.gather(*self.state_acks)
+            self.state_acks.clear()
 
     def write_state(self) -> None:
         """Write the staged rows: `first` ones, then the rest; each once, with its last value."""
@@ -126,6 +150,21 @@ def record_ack(ack: Awaitable[Any]) -> None:
         batch.acks.append(ack)
 
 
+def record_state_ack(ack: Awaitable[Any]) -> None:
+    """Called for every changelog write: inside a batch, the batch waits for it before the
+    batch's source offsets may be acknowledged."""
+    batch = _CURRENT.get()
+    if batch is not None:
+        batch.state_acks.append(ack)
+
+
+def add_bytes(group: str, n: int, budget: int) -> None:
+    """Count staged bytes of a row group in the current batch (see `Batch.add_bytes`)."""
+    batch = _CURRENT.get()
+    if batch is not None:
+        batch.add_bytes(group, n, budget)
+
+
 def write(table: TableT, key: str, value: Any, first: bool = False) -> None:
     """Set (or, with DELETE, remove) a table row: staged inside a batch, at once outside one."""
     batch = _CURRENT.get()
@@ -160,7 +199,8 @@ async def run_batch(events: list[EventT], handle: Callable[[EventT], Awaitable[b
     """Run `handle` (True = handled, False = failed unexpectedly and dead-lettered) over the
     events with the outputs-first protocol described above. The `cache` derived from the
     tables is refreshed before each attempt and invalidated after a failed one (it holds the
-    dropped attempt's effects)."""
+    dropped attempt's effects). An attempt that fills its batch (`Batch.full`) is made durable
+    at once and the remaining events continue in a new attempt."""
     todo = list(events)
     while todo:
         if cache is not None:
@@ -168,16 +208,22 @@ async def run_batch(events: list[EventT], handle: Callable[[EventT], Awaitable[b
         batch = Batch()
         token = _CURRENT.set(batch)
         failed = None
+        ran = len(todo)
         try:
             for i, event in enumerate(todo):
                 batch.event = event
                 if not await handle(event):
                     failed = i
                     break
+                if batch.full:
+                    ran = i + 1
+                    break
             await batch.wait_for_outputs()
             if failed is None:
                 batch.write_state()
-                return
+                await batch.wait_for_state()
+                todo = todo[ran:]
+                continue
         finally:
             _CURRENT.reset(token)
         # drop this attempt's state; caches are rebuilt from the tables; run the rest again

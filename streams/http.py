@@ -80,6 +80,12 @@ class ApiView(View):
     def error(self, status: int, message: str) -> Response:
         return self.reply({"error": message}, status)
 
+    def unavailable(self, message: str, retry_after_s: int = 30) -> Response:
+        """503 with a Retry-After header: the answer exists, just not here or not yet."""
+        response = self.error(503, message)
+        response.headers["Retry-After"] = str(retry_after_s)
+        return response
+
     def settling(self) -> Response | None:
         """503 while this worker's partitions are moving or being recovered: its local state may
         be incomplete, and the partition may not even be its own any more. Clients retry."""

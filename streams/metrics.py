@@ -41,6 +41,11 @@ FAMILY_LABELS: dict[str, tuple[tuple[str, ...], str]] = {
     "housekeeping": (("kind",), "Housekeeping actions (e.g. expired nodes deleted), by kind."),
 }
 
+GAUGE_HELP: dict[str, str] = {
+    "memory_users_contained": "Users whose memory state could not be rebuilt on this worker (records dead-lettered, queries 503).",
+    "memory_foreign_rows": "memory-state rows skipped at the last rebuild because their owner differs from their key.",
+}
+
 _NAME_OK = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_OK = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _BAD_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_]")
@@ -51,6 +56,11 @@ class Metrics:
         self.counters: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.latency: dict[str, list[int]] = {}  # topic -> cumulative bucket counts (+Inf last)
         self.latency_sum: dict[str, float] = defaultdict(float)
+        self.gauges: dict[str, float] = {}
+
+    def set_gauge(self, name: str, value: float) -> None:
+        """A value that is set, not counted (exported as the gauge `memstream_<name>`)."""
+        self.gauges[name] = value
 
     def inc(self, name: str, n: int = 1) -> None:
         family, _, label = name.partition(":")
@@ -83,6 +93,8 @@ class Metrics:
             hist.add({"topic": topic}, self.latency_sum[topic], suffix="_sum")
             hist.add({"topic": topic}, counts[-1], suffix="_count")
         out.append(hist)
+        for name in sorted(self.gauges):
+            out.append(Family(metric_name(name), "gauge", GAUGE_HELP.get(name, f"Gauge {name!r}.")).add({}, self.gauges[name]))
         return out
 
     def render(self, extra: Iterable["Family"] = ()) -> str:

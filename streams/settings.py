@@ -46,6 +46,9 @@ class Settings:
     session_timeout_s: float = field(default=10.0, metadata={"doc": "Consumer-group session timeout: a worker that stops heartbeating (killed, hung) loses its partitions after this long (failover time)."})
     producer_linger_ms: int = field(default=5, metadata={"doc": "How long the worker's producer waits to fill a request (larger requests, fewer syscalls; a batch waits for its outputs, so this adds to latency once per batch)."})
     batch_max: int = field(default=500, metadata={"doc": "Most input records a stateful agent takes in one batch (outputs of a batch are acknowledged before its table writes)."})
+    dlq_max_copy_bytes: int = field(default=512 * 1024, metadata={"doc": "A dead letter copies the original key and value only up to this many bytes together; a larger original is referenced (topic, partition, offset, size, SHA-256), so a dead letter always fits the broker's message limit."})
+    dlq_max_reason_chars: int = field(default=2000, metadata={"doc": "Longest reason a dead letter (and its `__connect.errors.exception.message` header) carries; longer ones are cut, saying how much was left out."})
+    state_batch_max_bytes: int = field(default=256 * 1024, metadata={"doc": "Most bytes of one user's rows a batch stages before it is made durable early (bounds the redo log in the user's memory-state row by this plus one record's rows, whatever the backlog)."})
     batch_wait_ms: int = field(default=20, metadata={"doc": "Longest a stateful agent waits to fill a batch (adds up to this much latency at low rates)."})
     # --- pipeline rules ------------------------------------------------------------------
     text_merge_threshold: float = field(default=0.85, metadata={"doc": "Text similarity (n-gram Jaccard) at or above which a candidate merges into a node."})

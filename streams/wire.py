@@ -256,7 +256,11 @@ class CodecFactory:
         try:
             version = SchemaVersion.from_source(json.loads(fetched.schema_str), "registry", f"id {schema_id}")
         except Exception as exc:
-            raise IncompatibleSchemaError(f"schema id {schema_id} is not a valid Avro schema: {exc}") from exc
+            raise IncompatibleSchemaError(f"schema id {schema_id} is not a valid Avro schema: {_shortened(str(exc))}") from exc
+        if not isinstance(version.parsed, dict) or version.parsed.get("type") != "record":
+            # anyone may register `"string"` or an array; no memstream topic carries one
+            kind = version.parsed.get("type") if isinstance(version.parsed, dict) else type(version.parsed).__name__
+            raise IncompatibleSchemaError(f"schema id {schema_id} is a {_shortened(str(kind), 40)} schema, not a record")
         # A known schema keeps its memstream identity (and the reader's no-resolution fast path).
         return self.schema_set.by_fingerprint.get(version.fingerprint, version)
 

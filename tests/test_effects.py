@@ -4,6 +4,9 @@ record the order and the event context of every write; acks are futures resolved
 from __future__ import annotations
 
 import asyncio
+
+from hypothesis import given
+from hypothesis import strategies as st
 from types import SimpleNamespace
 
 from faust.streams import current_event
@@ -120,3 +123,104 @@ def test_outside_a_batch_writes_happen_at_once():
 
     asyncio.run(scenario())
     assert log == [("k", 1, 3), ("k", effects.DELETE, 3)] and "k" not in table
+
+
+def test_a_batch_returns_only_after_its_changelog_writes_are_acknowledged():
+    """Step 4: the batch's source offsets may be acknowledged only once the broker has the rows
+    (Faust's buffered changelog sends; a stopping worker could commit offsets before them)."""
+    log: list = []
+    changelog: list[asyncio.Future] = []
+
+    class ChangelogTable(Table):
+        def __setitem__(self, key, value):
+            super().__setitem__(key, value)
+            fut = asyncio.get_running_loop().create_future()
+            changelog.append(fut)
+            effects.record_state_ack(fut)
+
+    table = ChangelogTable(log)
+
+    async def scenario():
+        async def handle(ev) -> bool:
+            effects.write(table, f"k{ev.message.offset}", ev.message.offset)
+            return True
+
+        task = asyncio.create_task(effects.run_batch([event(0, 1), event(0, 2)], handle))
+        await asyncio.sleep(0.01)
+        assert len(log) == 2 and not task.done()  # rows written, not yet on the broker
+        changelog[0].set_result(None)
+        await asyncio.sleep(0.01)
+        assert not task.done()
+        changelog[1].set_result(None)
+        await task
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_changelog_write_fails_the_batch():
+    """A row the broker refuses is an agent failure (the worker stops without committing)."""
+    table = Table([])
+
+    class Refused(Table):
+        def __setitem__(self, key, value):
+            super().__setitem__(key, value)
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(RuntimeError("MessageSizeTooLarge"))
+            effects.record_state_ack(fut)
+
+    refused = Refused([])
+
+    async def handle(ev) -> bool:
+        effects.write(refused, "k", 1)
+        effects.write(table, "j", 1)
+        return True
+
+    try:
+        asyncio.run(effects.run_batch([event(0, 1)], handle))
+    except RuntimeError as exc:
+        assert "MessageSizeTooLarge" in str(exc)
+    else:
+        raise AssertionError("a refused changelog write must fail the batch")
+
+
+def _sized_batch(sizes: list[int], budget: int) -> tuple[list[list[int]], list[int]]:
+    """Run a batch whose event i stages `sizes[i]` bytes for user "u"; returns the offsets of each
+    attempt that was made durable, and the staged bytes each aux row carried as its redo log."""
+    log: list = []
+    table = Table(log)
+    durable: list[list[int]] = []
+    current: list[int] = []
+    redo_bytes: list[int] = []
+
+    async def handle(ev) -> bool:
+        n = sizes[ev.message.offset]
+        current.append(ev.message.offset)
+        effects.write(table, f"u/n{ev.message.offset}", n)
+
+        def aux(batch):
+            durable.append(list(current))
+            current.clear()
+            redo_bytes.append(sum(v for v in batch.staged_rows(table, "u").values()))
+            return {}
+
+        effects.write(table, "u", aux, first=True)
+        effects.add_bytes("u", n, budget)
+        return True
+
+    asyncio.run(effects.run_batch([event(0, i) for i in range(len(sizes))], handle))
+    return durable, redo_bytes
+
+
+def test_a_batch_over_its_byte_budget_is_made_durable_early_and_continues():
+    durable, redo = _sized_batch([40, 40, 40, 10, 10, 10, 10, 200, 5], budget=100)
+    assert durable == [[0, 1, 2], [3, 4, 5, 6, 7], [8]]  # over 100 after 2, after 7
+    assert redo == [120, 240, 5]
+    assert max(redo) <= 100 + 200  # the budget plus one record's rows
+
+
+@given(st.lists(st.integers(min_value=0, max_value=50), min_size=1, max_size=60),
+       st.integers(min_value=1, max_value=200))
+def test_the_redo_log_is_bounded_by_the_budget_plus_one_record_whatever_the_backlog(sizes, budget):
+    durable, redo = _sized_batch(sizes, budget)
+    assert [o for attempt in durable for o in attempt] == list(range(len(sizes)))  # each once, in order
+    assert all(r <= budget + max(sizes) for r in redo)

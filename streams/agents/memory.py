@@ -38,6 +38,7 @@ import uuid
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from faust.web import Request, Response
 
 from .. import catalog, effects
@@ -57,7 +58,7 @@ from ..core.housekeeping import HousekeepingPolicy, sweep_memory
 from ..core.negotiator import forget_result_of, forgotten_fingerprints, handle_request, nodes_to_forget
 from ..core.redaction import relay_events, threshold_for
 from ..core.state import SEEN_CHUNK_KEY
-from ..deadletter import STAGE_VALIDATE
+from ..deadletter import STAGE_APPLY, STAGE_VALIDATE
 from ..core.vocabulary import SENSITIVITY_LEVELS
 from ..http import BadRequest, authenticated, mask_node
 
@@ -74,7 +75,19 @@ STATE_TABLE = "memory-state"  #: motebit_id -> aux row (with `pending`); motebit
 
 
 def node_key(motebit_id: str, node_id: str) -> str:
+    """The key of a user's row: `<motebit_id>/<rest>`. Collision-free because a user id can never
+    contain the separator (validated at ingest: `streams.core.ingest`), so the first `/` always
+    ends the user id; `rest` (a node id, or SEEN_CHUNK_KEY + k) may contain anything."""
     return f"{motebit_id}{NODE_KEY_SEP}{node_id}"
+
+
+class UserContained(Exception):
+    """The user's durable rows could not be rebuilt on this worker (see `MemoryStore._rebuild`)."""
+
+    def __init__(self, motebit_id: str, why: str) -> None:
+        super().__init__(f"the memory state of this user cannot be rebuilt ({why}); its records are "
+                         "dead-lettered until an operator repairs the rows")
+        self.motebit_id = motebit_id
 
 
 def policies(rt: "Runtime") -> tuple[ConsolidationPolicy, PromotionPolicy]:
@@ -102,6 +115,7 @@ class MemoryStore:
         self.lock = asyncio.Lock()  # one writer at a time: the agent's batches, the timer's sweeps
         self.cache: dict[str, UserMemory] = {}
         self.redo: dict[str, dict[str, Any]] = {}  # user -> redo-log rows not yet rewritten
+        self.corrupt: dict[str, str] = {}  # user -> why its rows could not be rebuilt (contained)
         self.valid = False
         rt.app.on_partitions_assigned.connect(self._on_rebalance)
         rt.app.on_partitions_revoked.connect(self._on_rebalance)
@@ -121,30 +135,62 @@ class MemoryStore:
         self.valid = False
 
     def _rebuild(self) -> None:
-        """Rebuild every local user's state from the table (after recovery / a rebalance)."""
+        """Rebuild every local user's state from the table (after recovery / a rebalance).
+
+        A row is classified by what it holds, not only by its key: a row under `<user>/...`
+        or `<user>` whose `motebit_id` is another user's (left by an older version that let
+        ids contain the key separator) is skipped and counted. A user whose rows still cannot
+        be rebuilt is *contained*: recorded in `corrupt`, its records are dead-lettered with the
+        reason (nothing is applied on top of state that is not there) and its queries answer 503,
+        while every other user is served as usual."""
         gc.unfreeze()  # the cache being replaced may become garbage (cycles included)
         by_user: dict[str, list[dict]] = defaultdict(list)
         chunks: dict[str, dict[int, list]] = defaultdict(dict)
         aux: dict[str, dict] = {}
+        corrupt: dict[str, str] = {}
+        foreign = 0
         for key, row in self.state.items():
             if row is None:
                 continue
             user, sep, rest = key.partition(NODE_KEY_SEP)
-            if not sep:
+            if sep and rest.startswith(SEEN_CHUNK_KEY):
+                try:
+                    chunks[user][int(rest[len(SEEN_CHUNK_KEY):])] = row
+                except ValueError:
+                    corrupt.setdefault(user, f"unreadable de-duplication chunk row {key[:200]!r}")
+                continue
+            owner = row.get("motebit_id") if isinstance(row, dict) else None
+            if owner != user:
+                foreign += 1
+                continue
+            if not sep and "node_id" not in row:
                 aux[user] = row
-            elif rest.startswith(SEEN_CHUNK_KEY):
-                chunks[user][int(rest[len(SEEN_CHUNK_KEY):])] = row
-            else:
+            elif sep and "node_id" in row:
                 by_user[user].append(row)
-        self.cache = {
-            u: UserMemory.from_nodes(u, by_user.get(u, ()), aux.get(u), seen_chunks=chunks.get(u),
-                                     dedup_max_ids=self.rt.settings.dedup_max_ids)
-            for u in set(by_user) | set(aux)
-        }
+            else:
+                corrupt.setdefault(user, f"row {key[:200]!r} is neither an aux row nor a node row")
+        self.cache = {}
+        for u in set(by_user) | set(aux):
+            if u in corrupt:
+                continue
+            try:
+                self.cache[u] = UserMemory.from_nodes(u, by_user.get(u, ()), aux.get(u), seen_chunks=chunks.get(u),
+                                                      dedup_max_ids=self.rt.settings.dedup_max_ids)
+            except Exception as exc:  # noqa: BLE001 - one user's bad rows must not stop the others
+                corrupt[u] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        for u, why in corrupt.items():
+            log.error("memory state of user %r cannot be rebuilt (%s): its records are dead-lettered and its "
+                      "queries answer 503 until the rows are repaired", u[:200], why)
+        if foreign:
+            log.warning("memory state: skipped %d rows whose owner differs from their key (left by a version "
+                        "that allowed %r in ids; see README, 'State from earlier versions')", foreign, NODE_KEY_SEP)
+        self.corrupt = corrupt
+        self.rt.metrics.set_gauge("memory_users_contained", len(corrupt))
+        self.rt.metrics.set_gauge("memory_foreign_rows", foreign)
         # The cache applied each aux row's redo log; the table gets those rows again with the
         # user's next write (a write needs an event of the user's partition), before the aux
         # row is rewritten without them.
-        self.redo = {u: dict(row["pending"]) for u, row in aux.items() if row.get("pending")}
+        self.redo = {u: dict(row["pending"]) for u, row in aux.items() if row.get("pending") and u not in corrupt}
         self.valid = True
         gc.freeze()  # the rebuilt state is long-lived: keep it out of every later collection
         log.info("memory state rebuilt: %d users, %d nodes", len(self.cache), sum(map(len, by_user.values())))
@@ -160,7 +206,10 @@ class MemoryStore:
         return self.cache.items()
 
     def user(self, motebit_id: str) -> UserMemory:
+        """The user's state; raises `UserContained` for a user whose rows could not be rebuilt."""
         self._readable()
+        if motebit_id in self.corrupt:
+            raise UserContained(motebit_id, self.corrupt[motebit_id])
         um = self.cache.get(motebit_id)
         if um is None:
             um = self.cache[motebit_id] = UserMemory(motebit_id, dedup_max_ids=self.rt.settings.dedup_max_ids)
@@ -183,6 +232,10 @@ class MemoryStore:
             effects.write(self.state, node_key(motebit_id, f"{SEEN_CHUNK_KEY}{k}"), rows)
         for k in dropped:
             effects.write(self.state, node_key(motebit_id, f"{SEEN_CHUNK_KEY}{k}"), effects.DELETE)
+        # the aux row carries these rows as its redo log: past the budget, the batch is made
+        # durable after this record (streams.effects), so the aux row stays bounded
+        staged = sum(len(orjson.dumps(n)) for n in out.node_upserts) + sum(len(orjson.dumps(r)) for r in sealed.values())
+        effects.add_bytes(motebit_id, staged + 64 * len(out.node_deletions), self.rt.settings.state_batch_max_bytes)
 
         def aux_row(batch: effects.Batch | None) -> dict:
             rows = batch.staged_rows(self.state, motebit_id) if batch else {}
@@ -203,7 +256,10 @@ def register(rt: "Runtime") -> None:
         if record.get(KEY_FIELD[topic]) != key:
             raise Rejected(f"record {KEY_FIELD[topic]} {record.get(KEY_FIELD[topic])!r} differs from its key {key!r}",
                            "memory.key_mismatch")
-        um = store.user(key)
+        try:
+            um = store.user(key)
+        except UserContained as exc:
+            raise Rejected(str(exc), "memory.user_contained", stage=STAGE_APPLY) from None
         if topic == catalog.NEGOTIATOR_REQUESTS:
             await negotiate(key, record, um)
             return
@@ -304,7 +360,10 @@ def register(rt: "Runtime") -> None:
         async def get(self, request: Request, motebit_id: str, allowed: str) -> Response:
             if busy := self.settling():
                 return busy
-            um = store.user(motebit_id)
+            try:
+                um = store.user(motebit_id)
+            except UserContained as exc:
+                return self.unavailable(str(exc))
             as_of = request.query.get("as_of")
             include = set(filter(None, request.query.get("include", "").split(",")))
             if as_of is not None:
@@ -326,7 +385,10 @@ def register(rt: "Runtime") -> None:
         async def get(self, request: Request, motebit_id: str, node_id: str, allowed: str) -> Response:
             if busy := self.settling():
                 return busy
-            node = store.user(motebit_id).node(node_id)
+            try:
+                node = store.user(motebit_id).node(node_id)
+            except UserContained as exc:
+                return self.unavailable(str(exc))
             if node is None:
                 return self.error(404, f"no node {node_id} for {motebit_id}")
             return self.reply(mask_node(node, allowed))
