@@ -38,7 +38,7 @@ FIELDS = {
                          "merged", "superseded", "promoted", "redacted", "quarantined", "dead_lettered",
                          "compaction_tokens_saved", "graph_cost_usd", "updated_at"],
     "dead_letter": ["original_topic", "original_partition", "original_offset", "original_key", "original_value",
-                    "stage", "reason", "error_class", "failed_at", "worker"],
+                    "original_size", "original_sha256", "stage", "reason", "error_class", "failed_at", "worker"],
 }
 
 PAYLOAD_FIELDS = {
