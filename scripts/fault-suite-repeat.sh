@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs the full test suite N times and records how the fault suite (tests/test_faults_kafka.py)
+# and the poison suite (tests/test_poison_kafka.py) fared in each run, inside the whole suite
+# (they failed only there: the other tests leave the broker and the machine busy).
+#
+#   scripts/fault-suite-repeat.sh 10          # idle machine
+#   scripts/fault-suite-repeat.sh 5 --hog     # two busy-looping processes keep both cores busy
+#
+# Results: one line per run in test-artifacts/fault-repeat.txt (date, load average, outcome of
+# each fault/poison test), the full pytest output in test-artifacts/fault-repeat-<n>.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:?usage: scripts/fault-suite-repeat.sh RUNS [--hog]}
+hog=${2:-}
+mkdir -p test-artifacts
+out=test-artifacts/fault-repeat.txt
+make .venv/.installed >/dev/null || exit 1
+for i in $(seq 1 "$runs"); do
+  hogs=()
+  if [[ "$hog" == "--hog" ]]; then
+    for _ in 1 2; do timeout 3600 python3 -c 'while 1: pass' & hogs+=($!); done
+  fi
+  log=test-artifacts/fault-repeat-$i.log
+  started=$(date +%s)
+  .venv/bin/python -m pytest -q -rA -p no:cacheprovider >"$log" 2>&1
+  rc=$?
+  for p in "${hogs[@]}"; do kill "$p" 2>/dev/null; done
+  faults=$(grep -E "^(PASSED|FAILED|ERROR) tests/test_(faults|poison)_kafka.py" "$log" | sed 's/ - .*//' | tr '\n' ' ')
+  line="$(date -u +%FT%TZ) run $i/$runs ${hog:-idle} load=$(cut -d' ' -f1-3 /proc/loadavg) rc=$rc $(( $(date +%s) - started ))s :: $faults"
+  echo "$line" | tee -a "$out"
+done
