@@ -71,8 +71,10 @@ def register(rt: "Runtime") -> None:
     @app.page("/v1/sessions/{session_id}/compactions")
     class SessionCompactions(rt.View):
         @authenticated
-        @app.table_route(table=table, match_info="session_id")
         async def get(self, request: Request, session_id: str, allowed: str) -> Response:
+            return await self.route(request, table, session_id, lambda: self._local(session_id))
+
+        async def _local(self, session_id: str) -> Response:
             state = table.get(session_id)
             if state is None:
                 return self.error(404, f"no session {session_id}")
