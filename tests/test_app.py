@@ -48,7 +48,8 @@ def test_worker_views_are_registered(runtime):
 
 def test_key_owner_comes_from_the_assignor_not_the_kafka_clients_metadata(runtime):
     # Faust's own router asked the producer for the changelog topic's metadata: None on a fresh
-    # stack (TypeError, a 500). Ours needs only the assignor's changelog partition -> URL table.
+    # stack (TypeError, a 500). Ours needs only the assignor's changelog partition -> URL table:
+    # it answers here, in an app whose producer never started (Faust's raises NotReady).
     from streams.http import OwnerUnknown, PartitionRouter
 
     router = runtime.app.router
