@@ -26,7 +26,7 @@ from aiokafka.partitioner import murmur2
 
 from . import catalog, deadletter, effects, faust_codecs
 from .analytics import classify_dead_letter
-from .http import api_view, parse_tokens
+from .http import PartitionRouter, api_view, parse_tokens
 from .metrics import Metrics
 from .rebalance import RebalanceSafeConsumer
 from .settings import Settings
@@ -71,6 +71,7 @@ class Runtime:
             producer_linger=settings.producer_linger_ms / 1000,
             broker_session_timeout=settings.session_timeout_s,
             broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
+            Router=PartitionRouter,  # key owner from the assignor, not the Kafka client's metadata
         )
         # A batch writes its table rows in one burst; Faust's default (pause the stream at 100
         # buffered messages and drain them one by one) would throttle every batch.
@@ -104,13 +105,14 @@ class Runtime:
 
     def table(self, name: str) -> faust.types.TableT:
         """A table keyed by the UTF-8 message key (same bytes as the source key, so its changelog
-        partition, `table_route` and the source partition agree), values stored as JSON."""
+        partition, HTTP routing (`ApiView.route`) and the source partition agree), values stored
+        as JSON."""
         table = self.app.Table(
             name, default=None, partitions=self.settings.partitions,
             schema=faust.Schema(key_serializer=faust_codecs.KEY_CODEC, value_serializer="json"),
         )
         # Faust builds the changelog topic in the constructor with serializers derived from
-        # key_type (json when unset), ignoring the schema: its router (table_route) would then
+        # key_type (json when unset), ignoring the schema: the router would then
         # partition the key's JSON-quoted bytes and forward requests to the wrong worker, and
         # the changelog keys would not be the source key bytes. Rebuild it with UTF-8 keys.
         table.key_serializer = faust_codecs.KEY_CODEC

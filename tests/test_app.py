@@ -44,3 +44,53 @@ def test_worker_views_are_registered(runtime):
                 "/v1/sessions/{session_id}/compactions", "/v1/negotiator/{user_id}/remember",
                 "/v1/negotiator/{user_id}/forget", "/v1/relay/{motebit_id}/threshold"}
     assert expected <= pages, expected - pages
+
+
+def test_key_owner_comes_from_the_assignor_not_the_kafka_clients_metadata(runtime):
+    # Faust's own router asked the producer for the changelog topic's metadata: None on a fresh
+    # stack (TypeError, a 500). Ours needs only the assignor's changelog partition -> URL table:
+    # it answers here, in an app whose producer never started (Faust's raises NotReady).
+    from streams.http import OwnerUnknown, PartitionRouter
+
+    router = runtime.app.router
+    assert isinstance(router, PartitionRouter)
+    table = runtime.tables["session-ledger"]
+    topic = table.changelog_topic.get_topic_name()
+    assignor = runtime.app.assignor
+    assignor.changelog_distribution = {}
+    with pytest.raises(OwnerUnknown):  # a KeyError: ApiView.route answers 503 + Retry-After
+        router.key_store("session-ledger", "s-1")
+    p = runtime.partition_of("s-1")
+    assignor.changelog_distribution = {"http://a:1": {topic: [q for q in range(5) if q != p]},
+                                       "http://b:2": {topic: [p]}}
+    try:
+        assert str(router.key_store("session-ledger", "s-1")) == "http://b:2"
+        for key in ("mb-ünï", "g-7", "x/y"):
+            owner = "http://b:2" if runtime.partition_of(key) == p else "http://a:1"
+            assert str(router.key_store("session-ledger", key)) == owner
+    finally:
+        assignor.changelog_distribution = {}
+
+
+def test_an_unexpected_exception_in_a_view_is_a_logged_empty_500(runtime, caplog):
+    import asyncio
+
+    class Boom(runtime.View):
+        async def get(self, request, **kwargs):
+            raise TypeError("'NoneType' object is not iterable")
+
+    class FakeRequest:
+        method, path, match_info = "GET", "/v1/boom", {}
+
+    view = Boom(runtime.app, runtime.app.web)
+    response = asyncio.run(view.dispatch(FakeRequest()))
+    assert response.status == 500 and response.body == b""
+    assert "GET /v1/boom failed" in caplog.text
+
+
+def test_unavailable_answers_503_with_retry_after(runtime):
+    from streams.http import RETRY_AFTER_S
+
+    view = runtime.View(runtime.app, runtime.app.web)
+    response = view.unavailable("retry")
+    assert response.status == 503 and response.headers["Retry-After"] == str(RETRY_AFTER_S)

@@ -78,6 +78,16 @@ def test_worker_keeps_the_ledger_and_dead_letters_every_violation(stack, unique)
         got[m["key"].decode()][(rec["error_class"], seq)] += 1
     for s in sessions:
         assert got[s.session_id] == expected[s.session_id][1], s.scenario  # exactly one per violation
+    # a reused seq with different content is on the DLQ with its rule and reason (its identical
+    # redelivery, produced just before it, is not); so are the first session's ten redeliveries not
+    reused_sid = f"sx-session.seq_reused-{unique}"
+    reused = [m["value"] for m in letters if m["key"].decode() == reused_sid]
+    assert [r["error_class"] for r in reused] == ["session.seq_reused"]
+    original = event_codec.decode(reused[0]["original_value"])
+    assert reused[0]["reason"].startswith(f"session.seq_reused: seq {original['seq']} was already applied with "
+                                          "different content")
+    assert "another message reusing seq" in str(original["data"])
+    assert not any(m["key"].decode() == sessions[0].session_id for m in letters if m["value"]["stage"] != "decode")
     assert len(decode_errors) == 1 and decode_errors[0]["original_value"] == b"not an avro record"
     print(f"\n[sessions] {sum(len(s.events) for s in sessions)} events, {len(letters)} dead letters, "
           f"worker run {elapsed:.1f}s")

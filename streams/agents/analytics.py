@@ -16,9 +16,11 @@ under `session:<id>` / `graph:<id>` keys (they have no user).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Iterable
 
+import aiohttp
 from faust.web import Request, Response
 
 from .. import catalog, effects
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 
 SOURCES: list[str] = []  # fed by the other agents, reads no topic of its own
 WINDOW_PARAM = {"1m": MINUTE, "1h": HOUR}
+PEER_TIMEOUT_S = 5.0  # a fleet summary asks every other worker for its part
 
 
 def register(rt: "Runtime") -> None:
@@ -90,18 +93,26 @@ def register(rt: "Runtime") -> None:
                 return self.reply(local)
             parts = [local]
             here = str(app.conf.canonical_url).rstrip("/")
-            for url in {str(u).rstrip("/") for u in rt.app.router.tables_metadata()} - {here}:
-                async with app.http_client.get(f"{url}/v1/analytics/summary?window={request.query.get('window', '1h')}",
-                                               headers={"Authorization": request.headers.get("Authorization", "")}) as r:
-                    if r.status == 200:
+            for url in sorted({str(u).rstrip("/") for u in rt.app.router.tables_metadata()} - {here}):
+                try:
+                    async with app.http_client.get(
+                            f"{url}/v1/analytics/summary?window={request.query.get('window', '1h')}",
+                            headers={"Authorization": request.headers.get("Authorization", "")},
+                            timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as r:
+                        if r.status != 200:  # a fleet total without a worker's part would be wrong
+                            return self.unavailable(f"worker {url} answered {r.status}; retry")
                         parts.append(await r.json())
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    return self.unavailable(f"worker {url} did not answer ({type(exc).__name__}); retry")
             return self.reply(merge_summaries(parts))
 
     @app.page("/v1/analytics/{motebit_id}")
     class UserAnalytics(rt.View):
         @authenticated
-        @app.table_route(table=table, match_info="motebit_id")
         async def get(self, request: Request, motebit_id: str, allowed: str) -> Response:
+            return await self.route(request, table, motebit_id, lambda: self._local(request, motebit_id))
+
+        async def _local(self, request: Request, motebit_id: str) -> Response:
             size = WINDOW_PARAM.get(request.query.get("window", "1m"))
             if size is None:
                 return self.error(400, "window must be 1m or 1h")

@@ -373,7 +373,7 @@ def register(rt: "Runtime") -> None:
                 try:
                     summaries = await user_summaries(user, auth)
                 except Exception as exc:  # noqa: BLE001
-                    return self.error(503, f"analytics of {user} unavailable: {exc}")
+                    return self.unavailable(f"analytics of {user} unavailable: {exc}")
             data = assemble(parts, now_ms=int(time.time() * 1000), user=user, user_summaries=summaries,
                             workers=workers, top=top)
             return self.reply(data)

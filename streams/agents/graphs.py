@@ -66,8 +66,10 @@ def register(rt: "Runtime") -> None:
     @app.page("/v1/graphs/{graph_id}")
     class GraphView(rt.View):
         @authenticated
-        @app.table_route(table=table, match_info="graph_id")
         async def get(self, request: Request, graph_id: str, allowed: str) -> Response:
+            return await self.route(request, table, graph_id, lambda: self._local(graph_id))
+
+        async def _local(self, graph_id: str) -> Response:
             st = table.get(graph_id)
             if st is None:
                 return self.error(404, f"no graph {graph_id}")

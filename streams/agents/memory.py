@@ -356,10 +356,10 @@ def register(rt: "Runtime") -> None:
     @app.page("/v1/memory/{motebit_id}/nodes")
     class UserNodes(rt.View):
         @authenticated
-        @app.table_route(table=store.state, match_info="motebit_id")
         async def get(self, request: Request, motebit_id: str, allowed: str) -> Response:
-            if busy := self.settling():
-                return busy
+            return await self.route(request, store.state, motebit_id, lambda: self._local(request, motebit_id, allowed))
+
+        async def _local(self, request: Request, motebit_id: str, allowed: str) -> Response:
             try:
                 um = store.user(motebit_id)
             except UserContained as exc:
@@ -381,10 +381,10 @@ def register(rt: "Runtime") -> None:
     @app.page("/v1/memory/{motebit_id}/nodes/{node_id}")
     class OneNode(rt.View):
         @authenticated
-        @app.table_route(table=store.state, match_info="motebit_id")
         async def get(self, request: Request, motebit_id: str, node_id: str, allowed: str) -> Response:
-            if busy := self.settling():
-                return busy
+            return await self.route(request, store.state, motebit_id, lambda: self._local(motebit_id, node_id, allowed))
+
+        async def _local(self, motebit_id: str, node_id: str, allowed: str) -> Response:
             try:
                 node = store.user(motebit_id).node(node_id)
             except UserContained as exc:
@@ -445,7 +445,7 @@ def register(rt: "Runtime") -> None:
             try:
                 reply = await call_negotiator(user_id, body, self.op)
             except asyncio.TimeoutError:
-                return self.error(503, "no answer within 30s (rebalancing?); retry with the same requestId")
+                return self.unavailable("no answer within 30s (rebalancing?); retry with the same requestId")
             if reply.get("error"):
                 return self.error(400, reply["error"])
             if self.op == "remember":

@@ -12,8 +12,11 @@ table's changelog partition is the source partition). For each event:
 - every violation `step` reports becomes one dead letter (stage `apply`, or `validate` for a
   session mismatch; `error_class` = the rule id, `reason` = "rule: message"). A violation never
   stops the ledger: the new state is kept and the session continues;
-- a redelivered event (`seq <= lastSeq`: `step` returns the same state object) is counted as a
-  duplicate and produces nothing;
+- a redelivered event (`seq <= lastSeq` with the fingerprint the state remembers for that seq:
+  `step` returns the same state object) is counted as a duplicate and produces nothing; an old
+  seq with *different* content (`session.seq_reused`), a late seq never applied
+  (`session.seq_out_of_order`) or one older than the remembered window
+  (`session.seq_unverifiable`) is a violation like any other: dead-lettered, never dropped;
 - otherwise the new ledger record is published to `session.compactions.v1` (key = session id)
   when it differs from the previous one, and the state is written to the table.
 
@@ -68,8 +71,10 @@ def register(rt: "Runtime") -> None:
     @app.page("/v1/sessions/{session_id}/compactions")
     class SessionCompactions(rt.View):
         @authenticated
-        @app.table_route(table=table, match_info="session_id")
         async def get(self, request: Request, session_id: str, allowed: str) -> Response:
+            return await self.route(request, table, session_id, lambda: self._local(session_id))
+
+        async def _local(self, session_id: str) -> Response:
             state = table.get(session_id)
             if state is None:
                 return self.error(404, f"no session {session_id}")

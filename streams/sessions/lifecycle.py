@@ -64,13 +64,29 @@ touching the totals (its ``meter.bad_token_count`` was already reported).
 Duplicates and order
 --------------------
 The topic is keyed by ``session_id``, so one session's events arrive in producer order. An event
-with ``seq <= lastSeq`` is a redelivery (at-least-once after a crash) and is skipped: ``step``
-returns the *same* state object and no violations (``is_duplicate`` lets the caller count it).
-This makes reprocessing idempotent.
+with ``seq <= lastSeq`` was either seen already or arrives late; the state remembers a
+fingerprint (``fingerprint``: SHA-256 of the event's canonical JSON, 128 bits) of each of the
+last ``SEQ_WINDOW`` events it applied (``internal.seqPrints``: ``{str(seq): fingerprint}`` in
+seq order, bounded; ``internal.seqFloor``: every applied seq ``>= seqFloor`` is in it), so:
+
+- same seq, same fingerprint: a redelivery (at-least-once after a crash). Skipped: ``step``
+  returns the *same* state object and no violations (``is_duplicate`` lets the caller count it).
+  This makes reprocessing idempotent;
+- same seq, another fingerprint: ``session.seq_reused`` (a producer reused a seq for different
+  content: dead-lettered, never silently dropped);
+- a seq ``>= seqFloor`` never applied: ``session.seq_out_of_order`` (it arrived after a later seq);
+- a seq ``< seqFloor``: ``session.seq_unverifiable`` (older than the remembered window, or than
+  the first event a state without fingerprints — written before they existed — saw after the
+  upgrade: it cannot be told from a redelivery, so it is dead-lettered rather than dropped).
+
+Such an event changes nothing but ``violationCount`` (it is not an event of the session's log:
+it neither moves ``lastSeq`` nor expires an armed shadow-price claim). An event of another
+session (``event.session_mismatch``) is reported before any seq check.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -78,6 +94,7 @@ from typing import Any, Iterable, Mapping
 from .tokens import price_message
 
 MAX_COMPACTIONS = 256
+SEQ_WINDOW = 256  # fingerprints of the last SEQ_WINDOW applied seqs (~12 KB of a state row)
 
 # rule id -> what it means. Stable: dashboards and the DLQ reason key on these ids.
 RULES: dict[str, str] = {
@@ -100,6 +117,9 @@ RULES: dict[str, str] = {
     "event.unknown_type": "an unknown, non-ignorable event type",
     "event.malformed": "an event whose envelope or data cannot be interpreted",
     "event.session_mismatch": "an event of another session was routed to this session's state",
+    "session.seq_reused": "an already-applied seq arrives again with different content",
+    "session.seq_out_of_order": "a seq below lastSeq that was never applied (it arrived after a later seq)",
+    "session.seq_unverifiable": "a seq below lastSeq, older than the remembered fingerprints: redelivery or reuse cannot be told",
 }
 
 COMPACTION_TYPES = ("compaction/start", "compaction/summary", "compaction/end", "compaction/prune")
@@ -152,6 +172,8 @@ def new_state(session_id: str) -> dict[str, Any]:
             "openStartTs": None,
             "enclosureFlagged": False,
             "droppedCompactions": 0,
+            "seqPrints": {},
+            "seqFloor": 0,
         },
     }
 
@@ -161,12 +183,69 @@ def to_record(state: Mapping[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(state["record"]))
 
 
+def fingerprint(event: Mapping[str, Any]) -> str:
+    """128 bits of SHA-256 over the event's canonical JSON (sorted keys; bytes as hex): equal for
+    a redelivery of the same record, different when any field differs."""
+    canon = json.dumps(event, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_canon)
+    return hashlib.sha256(canon.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def _canon(v: Any) -> Any:
+    if isinstance(v, (bytes, bytearray)):
+        return {"$bytes": bytes(v).hex()}
+    return repr(v)
+
+
+def _seq_floor(state: Mapping[str, Any]) -> int:
+    """Every applied seq >= this has its fingerprint in ``seqPrints``. A state written before the
+    fingerprints existed knows none of its seqs."""
+    return state["internal"].get("seqFloor", state["record"]["lastSeq"] + 1)
+
+
+def seen_check(state: Mapping[str, Any], event: Mapping[str, Any]) -> tuple[str, str] | None:
+    """For an event with an integer ``seq <= lastSeq``: None when it is a redelivery of the
+    applied event (same fingerprint), else ``(rule, message)``."""
+    seq = event["seq"]
+    last = state["record"]["lastSeq"]
+    prints = state["internal"].get("seqPrints") or {}
+    known = prints.get(str(seq))
+    if known is not None:
+        got = fingerprint(event)
+        if got == known:
+            return None
+        return ("session.seq_reused",
+                f"seq {seq} was already applied with different content (fingerprint {known}, this event {got}); "
+                "a seq must not be reused")
+    floor = _seq_floor(state)
+    if seq >= floor:
+        return ("session.seq_out_of_order",
+                f"seq {seq} arrived after seq {last} and was never applied; a session's events must arrive in seq order")
+    return ("session.seq_unverifiable",
+            f"seq {seq} is below lastSeq {last} and older than the remembered window (seqs >= {floor}); "
+            "cannot tell a redelivery from a reused seq")
+
+
 def is_duplicate(state: Mapping[str, Any] | None, event: Mapping[str, Any]) -> bool:
-    """True when ``step`` would skip ``event`` as an already-processed seq."""
+    """True when ``step`` would skip ``event`` as a redelivery of an already-applied seq."""
     if state is None or not isinstance(event, Mapping):
         return False
     seq = event.get("seq")
-    return _is_int(seq) and seq <= state["record"]["lastSeq"]
+    if not _is_int(seq) or seq > state["record"]["lastSeq"] or event.get("sessionId") != state["record"]["sessionId"]:
+        return False
+    return seen_check(state, event) is None
+
+
+def _remember_seq(ctx: "_Ctx", state: Mapping[str, Any], event: Mapping[str, Any]) -> None:
+    """Record the applied event's fingerprint; keep the newest SEQ_WINDOW."""
+    floor = _seq_floor(state)
+    prints = dict(ctx.internal.get("seqPrints") or {})
+    prints[str(event["seq"])] = fingerprint(event)
+    while len(prints) > SEQ_WINDOW:
+        oldest = next(iter(prints))
+        del prints[oldest]
+        floor = max(floor, int(oldest) + 1)
+    ctx.internal["seqPrints"] = prints
+    ctx.internal["seqFloor"] = floor
 
 
 def _new_compaction(cid: str, source_command_id: Any, turn: Any, seq: int) -> dict[str, Any]:
@@ -300,14 +379,21 @@ def step(state: Mapping[str, Any] | None, event: Mapping[str, Any]) -> tuple[dic
         ctx.violate("event.malformed", "event has no integer seq; it cannot be placed in the session log")
         return ctx.result()
     seq = event["seq"]
-    if seq <= state["record"]["lastSeq"]:
-        return state, []  # redelivered / already processed: idempotent skip
-
-    ctx = _Ctx(state, event)
     sid = event.get("sessionId")
-    if sid != ctx.rec["sessionId"]:
+    if sid != state["record"]["sessionId"]:
+        ctx = _Ctx(state, event)
         ctx.violate("event.session_mismatch", f"event of session {sid!r} routed to session {ctx.rec['sessionId']!r}")
         return ctx.result()
+    if seq <= state["record"]["lastSeq"]:
+        seen = seen_check(state, event)
+        if seen is None:
+            return state, []  # redelivered / already processed: idempotent skip
+        ctx = _Ctx(state, event)
+        ctx.violate(*seen)
+        return ctx.result()
+
+    ctx = _Ctx(state, event)
+    _remember_seq(ctx, state, event)
     ctx.rec["lastSeq"] = seq
 
     typ = ctx.type

@@ -13,7 +13,9 @@ exactly as the seed describes.
 Every event is representable in the ``SessionEvent`` Avro schema (the faults are in the values,
 not the types), so samples can be produced through the wire codec. Produce every event of a
 sample with key ``SampleSession.session_id`` (the ``event.session_mismatch`` scenario holds one
-event whose ``sessionId`` names another session: it is misrouted *by content*, not by key).
+event whose ``sessionId`` names another session: it is misrouted *by content*, not by key). The
+``session.seq_*`` scenarios hold events whose ``seq`` is not above the last one (a redelivery, a
+reused seq, a late seq): produce the events in list order.
 
 Public API: ``valid_session(seed, ...)``, ``broken_session(scenario, seed)``, ``SCENARIOS``,
 ``sample_sessions(seed, count, broken_ratio)``, ``generate_sessions(seed, ...)``.
@@ -21,11 +23,13 @@ Public API: ``valid_session(seed, ...)``, ``broken_session(scenario, seed)``, ``
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from . import lifecycle
 from .tokens import price_message, text_block, tool_call_block
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -355,6 +359,27 @@ def _fault(b: _Builder, name: str) -> list[str]:
         b.emit("assistant/message", {"role": "assistant", "content": [text_block("misrouted")], "surfaceOp": "append",
                                      "sourceEventSeqs": [], "turn": None}, session_id=b.sid + "-other")
         return ["event.session_mismatch"]
+    if name == "session.seq_reused":
+        own = [e for e in b.events if e["sessionId"] == b.sid]
+        orig = r.choice(own)
+        b.events.append(copy.deepcopy(orig))  # a redelivery of the same event: skipped, no violation
+        reused = copy.deepcopy(orig)
+        reused["type"] = "user/message"
+        reused["data"] = {"role": "user", "content": [text_block(f"another message reusing seq {orig['seq']}")],
+                          "surfaceOp": "append", "sourceEventSeqs": [], "turn": None}
+        b.events.append(reused)
+        return ["session.seq_reused"]
+    if name == "session.seq_out_of_order":
+        b.telemetry()
+        b.telemetry()
+        b.events[-2], b.events[-1] = b.events[-1], b.events[-2]  # seq n+2 arrives before seq n+1
+        return ["session.seq_out_of_order"]
+    if name == "session.seq_unverifiable":
+        first = copy.deepcopy(b.events[0])
+        for _ in range(lifecycle.SEQ_WINDOW):  # the first event's fingerprint leaves the window
+            b.telemetry()
+        b.events.append(first)
+        return ["session.seq_unverifiable"]
     raise KeyError(name)
 
 
@@ -382,6 +407,7 @@ SCENARIOS: tuple[str, ...] = (
     "meter.range_mismatch", "meter.bad_token_count", "meter.bad_prune_count",
     "shadow.not_adjacent", "shadow.prune_not_replaced", "shadow.range_mismatch", "shadow.unclaimed_replace",
     "event.unknown_type", "event.malformed", "event.session_mismatch",
+    "session.seq_reused", "session.seq_out_of_order", "session.seq_unverifiable",
 )
 
 

@@ -763,3 +763,118 @@ def test_arbitrary_events_never_raise(events):
     assert state["record"]["violationCount"] == total
     rec = to_record(state)
     assert rec["tokensSaved"] == rec["tokensRemoved"] - rec["tokensAdded"]
+
+
+# ----------------------------------------------------------------------------------------------
+# seen seqs: a redelivery is a duplicate, a reused seq with other content is a violation
+
+
+def _other_content(e):
+    """The same seq with different content (never equal to ``e``)."""
+    return {**e, "type": "user/message", "ts": (e.get("ts") or 0) + 1,
+            "data": {"role": "user", "content": [text_block(f"not the event at seq {e['seq']}")], "surfaceOp": "append",
+                     "sourceEventSeqs": [], "turn": None}}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.data())
+def test_same_seq_same_content_is_a_duplicate_other_content_is_seq_reused(seed, data):
+    from streams.sessions import samples
+
+    s = samples.valid_session(seed)
+    state, vs = replay(s.events)
+    assert vs == []
+    event = data.draw(st.sampled_from(s.events))
+    # the same event again (a redelivery): skipped, same state object, no violation
+    assert is_duplicate(state, event)
+    again, vs = step(state, copy.deepcopy(event))
+    assert again is state and vs == []
+    # the same seq with different content: a violation with its rule id and a readable reason
+    reused = _other_content(event)
+    assert not is_duplicate(state, reused)
+    after, vs = step(state, reused)
+    assert rules(vs) == ["session.seq_reused"]
+    assert f"seq {event['seq']} was already applied with different content" in str(vs[0])
+    assert str(vs[0]).startswith("session.seq_reused: ") and vs[0].seq == event["seq"]
+    # nothing else changes: the event is not part of the session's log
+    assert after["record"] == {**state["record"], "violationCount": state["record"]["violationCount"] + 1}
+    assert after["internal"] == state["internal"]
+
+
+def test_any_field_difference_is_a_different_fingerprint():
+    log = Log()
+    log.conversation(2)
+    e = log.events[0]
+    fp = lifecycle.fingerprint(e)
+    assert lifecycle.fingerprint(copy.deepcopy(e)) == fp
+    assert lifecycle.fingerprint(dict(reversed(list(e.items())))) == fp  # key order does not matter
+    for change in ({"ts": e["ts"] + 1}, {"ignorable": True}, {"type": "assistant/message"},
+                   {"data": {**e["data"], "content": [text_block("hello there!")]}}):
+        assert lifecycle.fingerprint({**e, **change}) != fp, change
+
+
+def test_a_late_seq_that_was_never_applied_is_out_of_order():
+    log = Log()
+    log.conversation(3)
+    log.events[1], log.events[2] = log.events[2], log.events[1]
+    state, vs = log.run()
+    assert rules(vs) == ["session.seq_out_of_order"] and vs[0].seq == 2
+    assert state["record"]["lastSeq"] == 3
+
+
+def test_fingerprints_are_bounded_and_older_seqs_are_unverifiable(monkeypatch):
+    monkeypatch.setattr(lifecycle, "SEQ_WINDOW", 5)
+    log = Log()
+    log.conversation(12)
+    state, vs = log.run()
+    assert vs == []
+    prints = state["internal"]["seqPrints"]
+    assert list(prints) == ["8", "9", "10", "11", "12"] and state["internal"]["seqFloor"] == 8
+    state = json.loads(json.dumps(state))  # as the table stores it
+    assert step(state, log.events[7])[0] is state  # seq 8: still remembered, a duplicate
+    _, vs = step(state, log.events[6])  # seq 7: forgotten
+    assert rules(vs) == ["session.seq_unverifiable"] and "older than the remembered window" in str(vs[0])
+    _, vs = step(state, _other_content(log.events[2]))
+    assert rules(vs) == ["session.seq_unverifiable"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 60), max_size=80))
+def test_window_stays_bounded_and_complete_above_its_floor(seqs):
+    state = new_state("s")
+    applied = set()
+    for q in seqs:
+        e = {"sessionId": "s", "seq": q, "type": "ui/render", "ts": q, "ignorable": True, "data": {"json": "{}"}}
+        new, vs = step(state, e)
+        if q > state["record"]["lastSeq"]:
+            applied.add(q)
+            assert vs == []
+        else:
+            assert (new is state) == (q in applied and str(q) in state["internal"]["seqPrints"])
+        state = new
+        prints, floor = state["internal"]["seqPrints"], state["internal"]["seqFloor"]
+        assert len(prints) <= lifecycle.SEQ_WINDOW
+        assert {int(k) for k in prints} == {a for a in applied if a >= floor}
+
+
+def test_a_state_written_before_fingerprints_treats_older_seqs_as_unverifiable():
+    log = Log()
+    log.conversation(3)
+    state, _ = replay(log.events[:2])
+    legacy = copy.deepcopy(state)
+    del legacy["internal"]["seqPrints"], legacy["internal"]["seqFloor"]
+    _, vs = step(legacy, log.events[0])
+    assert rules(vs) == ["session.seq_unverifiable"]
+    resumed, vs = step(legacy, log.events[2])  # new seqs are fingerprinted from here on
+    assert vs == [] and resumed["internal"]["seqFloor"] == 3 and list(resumed["internal"]["seqPrints"]) == ["3"]
+    assert step(resumed, log.events[2])[0] is resumed
+    assert rules(step(resumed, log.events[1])[1]) == ["session.seq_unverifiable"]
+
+
+def test_an_event_of_another_session_is_reported_even_with_an_old_seq():
+    log = Log()
+    log.conversation(3)
+    state, _ = log.run()
+    stray = {**log.events[0], "sessionId": "s-other"}
+    _, vs = step(state, stray)
+    assert rules(vs) == ["event.session_mismatch"]
