@@ -175,11 +175,18 @@ class KafkaSink:
         self._ready = False  # init_transactions done on the current producer
         self._in_txn = False
 
+    def _on_error(self, err) -> None:  # type: ignore[no-untyped-def]
+        # a fatal error reaches produce() only as "_FATAL"; its cause (fenced?) comes here
+        if err.fatal():
+            self._fatal = err
+
     def _new_producer(self):  # type: ignore[no-untyped-def]
         from confluent_kafka import Producer
 
+        self._fatal = None
         timeout_ms = int(self.timeout_s * 1000)
         return Producer({
+            "error_cb": self._on_error,
             "bootstrap.servers": self.broker,
             "partitioner": "murmur2_random",
             "transactional.id": self.transactional_id,
@@ -226,6 +233,10 @@ class KafkaSink:
         """After a failed produce or commit: abort if the producer allows it, else start over with
         a new producer (its init_transactions settles the old transaction); then raise."""
         self._in_txn = False
+        with contextlib.suppress(Exception):
+            self._producer.poll(0)  # serve the error callback
+        if self._fatal is not None:  # the producer's fatal error, e.g. fenced
+            err = self._fatal
         if _fenced(err):
             raise FencedError(f"another ship-graph-logs with id {self.shipper_id!r} took over (producer fenced); "
                               "this one stops") from None
