@@ -69,6 +69,8 @@ _TOPICS: tuple[TopicSpec, ...] = (
               "Results of remember / forget."),
     TopicSpec("pipeline.dlq.v1", "out", "original key", "dead_letter", "delete",
               "Every record the pipeline could not accept, with the reason.", retention_ms=30 * DAY_MS),
+    TopicSpec("shipper.positions.v1", "out", "shipper/file", "shipper_position", "compact",
+              "The graph-log shipper's file positions, committed in the same transaction as the lines."),
 )
 
 TOPICS: dict[str, TopicSpec] = {t.name: t for t in _TOPICS}
@@ -89,6 +91,7 @@ SESSION_COMPACTIONS = "session.compactions.v1"
 GRAPH_STATE = "graph.state.v1"
 NEGOTIATOR_REPLIES = "negotiator.replies.v1"
 DLQ = "pipeline.dlq.v1"
+SHIPPER_POSITIONS = "shipper.positions.v1"
 
 
 def topics() -> Iterator[TopicSpec]:

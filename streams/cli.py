@@ -136,7 +136,7 @@ def _demo(args: argparse.Namespace, s: Settings) -> int:
 def _ship_graph_logs(args: argparse.Namespace, s: Settings) -> int:
     from . import shipper
 
-    return shipper.run(args.directory, s, once=args.once, offsets_path=args.offsets, poll_s=args.poll)
+    return shipper.run(args.directory, s, once=args.once, offsets_path=args.offsets, poll_s=args.poll, shipper_id=args.id)
 
 
 def _ops_call(run: Callable[[], int]) -> int:
@@ -235,7 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
     ship = sub.add_parser("ship-graph-logs", help="tail graph-events-*.ndjson files of a directory into graph.events.v1")
     ship.add_argument("directory", metavar="DIR", help="directory of graph-events-{hash}.ndjson files")
     ship.add_argument("--once", action="store_true", help="ship what is there now and exit (default: follow until SIGINT/SIGTERM)")
-    ship.add_argument("--offsets", metavar="FILE", help="offsets file (default: one per DIR under MEMSTREAM_SHIPPER_OFFSETS_DIR)")
+    ship.add_argument("--id", metavar="NAME", help="shipper id: names its transactional producer and its positions "
+                      "(default: DIR's name and a hash of its real path)")
+    ship.add_argument("--offsets", metavar="FILE", help="offsets file of the earlier, pre-transactions shipper to import "
+                      "once (default: <shipper id>.offsets.json under MEMSTREAM_SHIPPER_OFFSETS_DIR)")
     ship.add_argument("--poll", metavar="SECONDS", type=float, help="seconds between scans (overrides MEMSTREAM_SHIPPER_POLL_S)")
 
     st = sub.add_parser("status", help="the consumer group's workers, their partitions, lag and /health (exit 1 unless all ready)")

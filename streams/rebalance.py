@@ -4,11 +4,25 @@ Found while testing a second worker joining a busy group (tests/test_dashboard_b
 fleet test and tests/test_faults_kafka.py): faust-streaming 0.15.3 with aiokafka 0.14.0 could
 leave a partition unprocessed and uncommitted for good, or skip records of it, logging nothing.
 `Runtime` installs this class as the app's consumer.
+
+It also reads with `isolation.level=read_committed` (faust-streaming 0.15.3 hard-codes
+read_uncommitted unless its exactly-once mode is on): the graph-log shipper writes
+`graph.events.v1` in transactions, and a batch it aborted (killed mid-transaction) must not be
+applied. Topics nobody writes transactionally read the same either way.
 """
 
 from __future__ import annotations
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
+
+
+class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust's consumer thread whose worker consumer skips aborted transactions."""
+
+    def _create_worker_consumer(self, transport):  # type: ignore[no-untyped-def]
+        consumer = super()._create_worker_consumer(transport)
+        consumer._isolation_level = "read_committed"  # read by aiokafka when it starts its fetcher
+        return consumer
 
 
 class RebalanceSafeConsumer(faust_aiokafka.Consumer):
@@ -38,6 +52,9 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
     """
 
     _deferred: set
+
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return ReadCommittedConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     def _reset_state(self) -> None:
         super()._reset_state()

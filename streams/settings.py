@@ -64,9 +64,10 @@ class Settings:
     graph_stall_ms: int = field(default=15 * 60 * 1000, metadata={"doc": "A graph node running longer than this (ms) is flagged stalled."})
     timer_interval_s: float = field(default=30.0, metadata={"doc": "Seconds between runs of the partition-local housekeeping timers."})
     # --- the graph-log shipper (memstream ship-graph-logs) ---------------------------------
-    shipper_offsets_dir: str = field(default="var/shipper", metadata={"doc": "Where `ship-graph-logs` keeps its offsets file (one per shipped directory) unless --offsets names one."})
+    shipper_offsets_dir: str = field(default="var/shipper", metadata={"doc": "Where `ship-graph-logs` looks for an offsets file of its earlier (pre-transactions) version to import once (`<shipper id>.offsets.json`) unless --offsets names one; positions now live in `shipper.positions.v1`."})
     shipper_poll_s: float = field(default=1.0, metadata={"doc": "Seconds `ship-graph-logs` waits between scans of the directory (unless --poll)."})
-    shipper_batch_lines: int = field(default=500, metadata={"doc": "Most lines the shipper sends before it flushes and commits its offset (at most 512: a re-sent batch must fit the graph agent's duplicate window)."})
+    shipper_batch_lines: int = field(default=500, metadata={"doc": "Most lines the shipper sends in one transaction, with the file's position (1..512: even a read_uncommitted reader's graph agent dedupes an aborted batch and its retry)."})
+    shipper_transaction_timeout_s: float = field(default=30.0, metadata={"doc": "Transaction timeout of the shipper's producer: a shipper killed and not restarted holds back read_committed readers of what it wrote for at most this long (a restart ends it at once)."})
     # --- the local stack (memstream dev up) ----------------------------------------------
     cache_dir: str = field(default_factory=_default_cache_dir, metadata={"doc": "Where `dev up` keeps downloaded Kafka / Apicurio, outside git (default $XDG_CACHE_HOME/memstream or ~/.cache/memstream)."})
     stack_dir: str = field(default=".memstream/stack", metadata={"doc": "Runtime dir of the local stack: data, logs, pid files."})

@@ -20,26 +20,42 @@ is read again from its start (streams/graphs/shipper_state.py) — and sends eac
   record's Kafka key is the file name, so one file's dead letters stay in order;
 - a blank line is skipped (counted in the batch log line; it carries no record).
 
-Delivery guarantee: exactly-once *effect*, at-least-once delivery
--------------------------------------------------------------------
-Per file, lines go out in batches of at most `MEMSTREAM_SHIPPER_BATCH_LINES` (default 500). A batch
-is produced (idempotent producer, acks=all), `flush()`ed, and every delivery report checked; only
-then is the file's position (inode + byte offset past the batch's last line) committed to the
-offsets file, atomically (tmp file + fsync + rename). So:
+Delivery guarantee: exactly once per line on the topic, for read_committed readers
+-------------------------------------------------------------------------------------
+Per file, lines go out in batches of at most `MEMSTREAM_SHIPPER_BATCH_LINES` (default 500), each
+in one Kafka transaction together with the file's new position (inode + byte offset past the
+batch's last line), a record keyed `<shipper id>/<file name>` on the compacted topic
+`shipper.positions.v1`. The transactional producer's `transactional.id` is
+`memstream-shipper-<shipper id>`; the id is `--id`, by default `<DIR name>-<sha256(real path of
+DIR)[:12]>`, so it is stable across restarts. At startup the shipper calls `init_transactions`,
+which fences any earlier shipper with that id (a zombie can no longer commit) and aborts its open
+transaction; then it reads its committed positions back with `isolation.level=read_committed`
+(every partition of the positions topic up to its high watermark; the latest record per key). So:
 
 - a restart resumes at the committed position: no line is lost;
-- a crash between `flush` and the commit re-sends that one batch after the restart, with the same
-  per-line ids. The graph agent skips event ids it has already applied (it remembers the last 512
-  per graph, which is why a batch may hold at most 512 lines), so no line's effect is applied twice;
-- a failed delivery (broker down) never commits: `--once` exits with an error, the follow mode logs
-  it, drops what the producer still holds and re-reads the batch from the committed position after
-  the poll interval.
+- a crash (SIGKILL included) before a batch's commit leaves an open transaction that the restart
+  aborts: none of its records (events, dead letters, position) is visible to a read_committed
+  consumer, and the batch is shipped again in a transaction that commits. Each line is on
+  `graph.events.v1` (or `pipeline.dlq.v1`) exactly once *as a read_committed consumer sees the
+  topic*. The aborted copies stay in the log, skipped by read_committed readers; a
+  read_uncommitted reader sees them (with the same per-line ids). The worker reads
+  read_committed (streams/rebalance.py), and librdkafka consumers do by default;
+- a failed commit or delivery (broker down) aborts the transaction (or, when the outcome is
+  unknown, starts a new producer, whose `init_transactions` settles it) and re-reads the
+  committed positions: `--once` exits with an error; the follow mode logs it and retries after
+  the poll interval;
+- a second shipper started with the same id fences the first, which stops with an error;
+- positions of files that disappear from DIR are forgotten (a tombstone; a later file of that
+  name starts from its beginning).
 
-The offsets file (JSON `{"version": 1, "files": {name: {"inode", "offset"}}}`) defaults to
-`MEMSTREAM_SHIPPER_OFFSETS_DIR/<dir name>-<sha256(real path of DIR)[:12]>.offsets.json`, one per
-shipped directory; `--offsets FILE` names another. An exclusive lock (`FILE.lock`) keeps two
-shippers from using one offsets file. Positions of files that disappear from DIR are forgotten (a
-later file of that name starts from its beginning).
+A shipper killed and not restarted leaves its transaction open until the broker aborts it after
+`MEMSTREAM_SHIPPER_TRANSACTION_TIMEOUT_S`; until then read_committed readers of the partitions it
+wrote to wait at that point (the last stable offset). Restarting the shipper ends it at once.
+
+Upgrading from the offsets-file shipper: at startup, if Kafka holds no position for this shipper
+and an offsets file of the earlier version exists (`--offsets FILE`, or the default
+`MEMSTREAM_SHIPPER_OFFSETS_DIR/<shipper id>.offsets.json`), its positions are imported in one
+transaction and the file is renamed to `FILE.imported`. The file is not written any more.
 
 Progress: one log line per batch shipped (file, lines, events, dead letters, byte range, offset).
 `--once` ships what is there and exits; otherwise the shipper polls every `--poll` seconds until
@@ -52,12 +68,13 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import signal
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator, NoReturn, Protocol
 
 from . import catalog, deadletter
 from .graphs import paths
@@ -68,11 +85,14 @@ from .graphs.shipper_state import (
     Batch,
     Line,
     OffsetsFileError,
-    OffsetStore,
     Position,
     line_id,
     list_event_files,
+    load_offsets,
     poll_file,
+    position_from_record,
+    position_key,
+    position_record,
 )
 from .graphs.state import RECENT_IDS
 from .settings import Settings
@@ -85,15 +105,22 @@ DLQ_PARTITION = -1  # a file line has no partition
 BROKER_CHECK_TIMEOUT_S = 10.0  # how long startup waits for the broker's metadata
 MAX_DLQ_VALUE = 64 * 1024  # a line too large to send is dead-lettered with its first 64 KiB
 FILE_TOPIC_PREFIX = "file:"
+TRANSACTIONAL_ID_PREFIX = "memstream-shipper-"
+SHIPPER_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
 
 
 class ShipperError(RuntimeError):
     """Something the user can fix: the directory is missing, the broker or registry is unreachable,
-    a topic is missing, the offsets file is damaged or in use, a setting is out of range."""
+    a topic is missing, an old offsets file to import is damaged, a setting is out of range."""
 
 
 class DeliveryError(ShipperError):
-    """The broker did not acknowledge every record of a batch; the batch's offset is not committed."""
+    """A batch's transaction may not have committed (broker unreachable, a record refused); the
+    shipper re-reads its committed positions before it ships again."""
+
+
+class FencedError(ShipperError):
+    """Another shipper with the same id started: this one can no longer commit and stops."""
 
 
 class RecordTooLargeError(ValueError):
@@ -105,34 +132,69 @@ class RecordTooLargeError(ValueError):
 
 
 class Sink(Protocol):
-    """What the shipper produces to. `flush` returns only once every record produced since the
-    last flush is acknowledged, and raises `DeliveryError` if any was not."""
+    """What the shipper produces to, in transactions: the records produced since the last
+    `commit` become visible together with the position changes `commit` is given, or not at all."""
+
+    def load_positions(self) -> dict[str, Position]:
+        """This shipper's committed positions (file name → position)."""
 
     def produce(self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> None:
-        """Queue one record; raises `RecordTooLargeError` if it can never be sent."""
+        """Queue one record in the open transaction; raises `RecordTooLargeError` if it can never
+        be sent (the transaction goes on), `DeliveryError` if the transaction failed."""
 
-    def flush(self) -> None: ...
+    def commit(self, changes: dict[str, Position | None]) -> None:
+        """Commit the transaction: every record produced since the last commit plus the new
+        position of each file in `changes` (None: forget the file). Raises `DeliveryError` if it
+        may not have committed (the caller re-reads the positions), `FencedError` if another
+        shipper with this id took over."""
+
+    def abort(self) -> None:
+        """Discard what was produced since the last commit."""
+
+
+def _fenced(err) -> bool:  # type: ignore[no-untyped-def]
+    from confluent_kafka import KafkaError
+
+    codes = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+    return err.code() in codes or "fenced" in err.str().lower()
 
 
 class KafkaSink:
-    """A confluent-kafka producer: murmur2 partitioning (like the Java client), idempotent, acks=all."""
+    """A transactional confluent-kafka producer (murmur2 partitioning like the Java client, acks=all,
+    idempotent) and the shipper's positions on `shipper.positions.v1`."""
 
-    def __init__(self, broker: str, message_timeout_s: float = 30.0) -> None:
+    def __init__(self, broker: str, shipper_id: str, codecs: CodecFactory, transaction_timeout_s: float = 30.0,
+                 clock: Callable[[], float] = time.time) -> None:
         self.broker = broker
-        self.message_timeout_s = message_timeout_s
-        self._failures: list[str] = []
+        self.shipper_id = shipper_id
+        self.transactional_id = TRANSACTIONAL_ID_PREFIX + shipper_id
+        self.timeout_s = transaction_timeout_s
+        self.clock = clock
+        self._codec = codecs.codec(catalog.topic(catalog.SHIPPER_POSITIONS).value_schema)
         self._producer = self._new_producer()
+        self._ready = False  # init_transactions done on the current producer
+        self._in_txn = False
+
+    def _on_error(self, err) -> None:  # type: ignore[no-untyped-def]
+        # a fatal error reaches produce() only as "_FATAL"; its cause (fenced?) comes here
+        if err.fatal():
+            self._fatal = err
 
     def _new_producer(self):  # type: ignore[no-untyped-def]
         from confluent_kafka import Producer
 
+        self._fatal = None
+        timeout_ms = int(self.timeout_s * 1000)
         return Producer({
+            "error_cb": self._on_error,
             "bootstrap.servers": self.broker,
             "partitioner": "murmur2_random",
+            "transactional.id": self.transactional_id,
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 5,
-            "message.timeout.ms": int(self.message_timeout_s * 1000),
+            "transaction.timeout.ms": timeout_ms,
+            "message.timeout.ms": timeout_ms,  # librdkafka: at most the transaction timeout
             "log_level": 0,
         })
 
@@ -149,42 +211,168 @@ class KafkaSink:
         if missing:
             raise ShipperError(f"topic(s) {', '.join(missing)} missing on {self.broker}; run `memstream topics apply` first")
 
-    def _delivered(self, err, _msg) -> None:  # type: ignore[no-untyped-def]
-        if err is not None:
-            self._failures.append(str(err))
+    # -- transactions --------------------------------------------------------------------------
+    def start(self) -> None:
+        """`init_transactions`: fences an earlier producer with this transactional id and settles
+        (aborts, or completes a prepared commit of) its open transaction."""
+        from confluent_kafka import KafkaException
 
-    def produce(self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> None:
-        from confluent_kafka import KafkaError, KafkaException
+        if self._ready:
+            return
+        try:
+            self._producer.init_transactions(self.timeout_s)
+        except KafkaException as exc:
+            err = exc.args[0]
+            self._producer = self._new_producer()  # a failed init leaves the producer unusable
+            raise DeliveryError(f"could not start a transactional producer ({self.transactional_id}) on {self.broker}: "
+                                f"{err.str()}") from None
+        self._ready = True
+        self._in_txn = False
 
-        while True:
+    def _fail(self, what: str, err) -> NoReturn:  # type: ignore[no-untyped-def]
+        """After a failed produce or commit: abort if the producer allows it, else start over with
+        a new producer (its init_transactions settles the old transaction); then raise."""
+        self._in_txn = False
+        with contextlib.suppress(Exception):
+            self._producer.poll(0)  # serve the error callback
+        if self._fatal is not None:  # the producer's fatal error, e.g. fenced
+            err = self._fatal
+        if _fenced(err):
+            raise FencedError(f"another ship-graph-logs with id {self.shipper_id!r} took over (producer fenced); "
+                              "this one stops") from None
+        if not err.fatal() and err.txn_requires_abort():
             try:
-                self._producer.produce(topic, key=key, value=value, headers=headers, on_delivery=self._delivered)
-                break
-            except BufferError:  # local queue full: serve delivery reports, then retry
-                self._producer.poll(0.1)
-            except KafkaException as exc:
-                if exc.args and exc.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                    raise RecordTooLargeError(f"{len(value)} bytes exceed the producer's message.max.bytes") from None
-                raise
-        self._producer.poll(0)
-
-    def flush(self) -> None:
-        remaining = self._producer.flush(self.message_timeout_s + 5.0)
-        failures, self._failures = self._failures, []
-        if remaining or failures:
-            self._reset()
-            detail = failures[0] if failures else f"{remaining} record(s) unacknowledged"
-            raise DeliveryError(f"{remaining + len(failures)} record(s) not delivered to {self.broker}: {detail}")
-
-    def _reset(self) -> None:
-        """Drop what the producer still holds (it is re-sent from the committed offset) and start a
-        fresh producer (an idempotent producer may be left in a fatal state)."""
+                self._producer.abort_transaction(self.timeout_s)
+            except Exception:  # noqa: BLE001 - then start over below
+                pass
+            else:
+                raise DeliveryError(f"{what} on {self.broker}: {err.str()}; transaction aborted")
         with contextlib.suppress(Exception):
             self._producer.purge()
             self._producer.flush(0)
         self._producer = self._new_producer()
+        self._ready = False
+        raise DeliveryError(f"{what} on {self.broker}: {err.str()}")
+
+    def _begin(self) -> None:
+        from confluent_kafka import KafkaException
+
+        self.start()
+        if not self._in_txn:
+            try:
+                self._producer.begin_transaction()
+            except KafkaException as exc:
+                self._fail("could not begin a transaction", exc.args[0])
+            self._in_txn = True
+
+    def produce(self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self._begin()
+        while True:
+            try:
+                self._producer.produce(topic, key=key, value=value, headers=headers)
+                break
+            except BufferError:  # local queue full: serve delivery reports, then retry
+                self._producer.poll(0.1)
+            except KafkaException as exc:
+                err = exc.args[0]
+                if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                    raise RecordTooLargeError(f"{len(value or b'')} bytes exceed the producer's message.max.bytes") from None
+                self._fail("could not produce", err)
+        self._producer.poll(0)
+
+    def commit(self, changes: dict[str, Position | None]) -> None:
+        from confluent_kafka import KafkaException
+
+        now_ms = int(self.clock() * 1000)
+        for name, position in sorted(changes.items()):
+            value = None if position is None else self._codec.encode(
+                position_record(self.shipper_id, name, position, now_ms))
+            self.produce(catalog.SHIPPER_POSITIONS, encode_key(position_key(self.shipper_id, name)), value, [])
+        if not self._in_txn:
+            return
+        try:
+            self._producer.commit_transaction(self.timeout_s)  # flushes, then commits
+        except KafkaException as exc:
+            self._fail("transaction not committed", exc.args[0])
+        self._in_txn = False
+
+    def abort(self) -> None:
+        from confluent_kafka import KafkaException
+
+        if not self._in_txn:
+            return
+        try:
+            self._producer.abort_transaction(self.timeout_s)
+            self._in_txn = False
+        except KafkaException as exc:
+            with contextlib.suppress(DeliveryError):
+                self._fail("transaction not aborted", exc.args[0])
+
+    # -- positions -----------------------------------------------------------------------------
+    def load_positions(self) -> dict[str, Position]:
+        """Read `shipper.positions.v1` with isolation.level=read_committed, every partition up to
+        the high watermark as it is after `init_transactions` (so every transaction of this
+        shipper is settled below it); the latest record per key of this shipper wins."""
+        from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+        self.start()
+        topic = catalog.SHIPPER_POSITIONS
+        base = {"bootstrap.servers": self.broker, "group.id": f"memstream-shipper-load-{self.shipper_id}",
+                "enable.auto.commit": False, "log_level": 0}
+        prefix = position_key(self.shipper_id, "")
+        positions: dict[str, Position] = {}
+        # the high watermark is what read_uncommitted sees; read_committed stops at the last
+        # stable offset (LSO), which another shipper's open transaction may hold back a while
+        probe = Consumer({**base, "isolation.level": "read_uncommitted"})
+        reader = Consumer({**base, "isolation.level": "read_committed", "enable.partition.eof": True,
+                           "auto.offset.reset": "earliest"})
+        try:
+            parts = probe.list_topics(topic, timeout=BROKER_CHECK_TIMEOUT_S).topics[topic].partitions
+            ends = {p: probe.get_watermark_offsets(TopicPartition(topic, p), timeout=BROKER_CHECK_TIMEOUT_S)[1]
+                    for p in parts}
+            todo = {p for p, end in ends.items() if end > 0}
+            reader.assign([TopicPartition(topic, p, 0) for p in todo])
+            deadline = time.monotonic() + self.timeout_s + BROKER_CHECK_TIMEOUT_S
+            while todo:
+                if time.monotonic() > deadline:
+                    raise DeliveryError(f"could not read {topic} to its end within {self.timeout_s + BROKER_CHECK_TIMEOUT_S:.0f}s "
+                                        f"(partitions {sorted(todo)}; an open transaction?)")
+                for m in reader.consume(1000, 0.1):
+                    err = m.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF and m.offset() >= ends[m.partition()]:
+                            todo.discard(m.partition())
+                        elif err.code() != KafkaError._PARTITION_EOF and err.fatal():
+                            raise DeliveryError(f"reading {topic}: {err.str()}")
+                        continue
+                    if m.offset() >= ends[m.partition()] - 1:
+                        todo.discard(m.partition())
+                    key = m.key() or b""
+                    if not key.startswith(prefix.encode()):
+                        continue
+                    name = key[len(prefix.encode()):].decode("utf-8", "replace")
+                    if m.value() is None:
+                        positions.pop(name, None)
+                    else:
+                        shipper, file, position = position_from_record(self._codec.decode(m.value()))
+                        if shipper == self.shipper_id and file == name:
+                            positions[name] = position
+                # past trailing transaction markers (no message, maybe no new EOF event)
+                for tp in reader.position([TopicPartition(topic, p) for p in todo]):
+                    if tp.offset >= ends[tp.partition]:
+                        todo.discard(tp.partition)
+        except KafkaException as exc:
+            raise DeliveryError(f"reading {topic} on {self.broker}: {exc.args[0].str() if exc.args else exc}") from None
+        finally:
+            probe.close()
+            reader.close()
+        return positions
 
     def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.abort()
         with contextlib.suppress(Exception):
             self._producer.flush(5)
 
@@ -234,24 +422,45 @@ class PassReport:
 
 
 class Shipper:
-    """Ships the graph event logs of one directory through a `Sink`, committing file positions to
-    an `OffsetStore` only after the sink confirms every record of the batch."""
+    """Ships the graph event logs of one directory through a `Sink`: each batch of lines and the
+    file's new position in one transaction. `positions` mirrors what the sink has committed; after
+    a failed transaction it is read back from the sink before anything else is shipped."""
 
-    def __init__(self, directory: str | os.PathLike[str], sink: Sink, offsets: OffsetStore, codecs: CodecFactory, *,
+    def __init__(self, directory: str | os.PathLike[str], sink: Sink, codecs: CodecFactory, *,
                  batch_lines: int = 500, read_bytes: int = READ_BYTES, worker: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, positions: dict[str, Position] | None = None) -> None:
         if not 1 <= batch_lines <= RECENT_IDS:
-            raise ShipperError(f"batch size {batch_lines} lines is out of range 1..{RECENT_IDS} (a re-sent batch must fit "
-                               "the graph agent's duplicate window); fix MEMSTREAM_SHIPPER_BATCH_LINES")
+            raise ShipperError(f"batch size {batch_lines} lines is out of range 1..{RECENT_IDS} (a transaction's lines must "
+                               "fit the graph agent's duplicate window); fix MEMSTREAM_SHIPPER_BATCH_LINES")
         self.directory = os.fspath(directory)
         self.sink = sink
-        self.offsets = offsets
         self.batch_lines = batch_lines
         self.read_bytes = read_bytes
         self.worker = worker or f"shipper@{socket.gethostname()}"
         self.clock = clock
         self._event_codec = codecs.codec(catalog.topic(catalog.GRAPH_EVENTS).value_schema)
         self._dlq_codec = codecs.codec(catalog.topic(catalog.DLQ).value_schema)
+        self.positions: dict[str, Position] = dict(positions) if positions is not None else {}
+        self._stale = positions is None  # read the committed positions before shipping
+
+    def _commit(self, changes: dict[str, Position | None]) -> None:
+        """Commit the sink's transaction with these position changes; on any failure abort it and
+        mark the positions for re-reading (the commit's outcome may be unknown)."""
+        try:
+            self.sink.commit(changes)
+        except BaseException:
+            self._abandon()
+            raise
+        for name, position in changes.items():
+            if position is None:
+                self.positions.pop(name, None)
+            else:
+                self.positions[name] = position
+
+    def _abandon(self) -> None:
+        self._stale = True
+        with contextlib.suppress(Exception):
+            self.sink.abort()
 
     # -- one pass ------------------------------------------------------------------------------
     def check_directory(self) -> None:
@@ -261,13 +470,16 @@ class Shipper:
     def ship_once(self, stop: threading.Event | None = None) -> PassReport:
         """Ship every complete line not yet shipped from every graph-events file, then return."""
         self.check_directory()
+        if self._stale:
+            self.positions = dict(self.sink.load_positions())
+            self._stale = False
         report = PassReport()
         files = list_event_files(self.directory)
         present = {os.path.basename(p) for p in files}
-        gone = [n for n in self.offsets.positions if n not in present] if os.path.isdir(self.directory) else []
-        for name in gone:
-            log.info("%s is gone from %s; forgetting its position", name, self.directory)
-            self.offsets.forget(name)
+        gone = [n for n in self.positions if n not in present] if os.path.isdir(self.directory) else []
+        if gone:
+            log.info("%s gone from %s; forgetting their positions", ", ".join(sorted(gone)), self.directory)
+            self._commit({name: None for name in gone})
         for path in files:
             for batch in self._ship_file(path):
                 report.batches.append(batch)
@@ -280,19 +492,26 @@ class Shipper:
     def _ship_file(self, path: str) -> Iterator[BatchReport]:
         while True:
             name = os.path.basename(path)
-            batch = poll_file(path, self.offsets.get(name), self.read_bytes)
+            batch = poll_file(path, self.positions.get(name), self.read_bytes)
             if batch is None:  # vanished since the listing
                 return
             if batch.restarted:
                 log.warning("%s was %s: reading it again from the start", name, batch.reason)
             if not batch.lines:
                 if batch.restarted:  # remember the new inode / offset 0, so it is reported once
-                    self.offsets.commit(name, batch.position)
+                    self._commit({name: batch.position})
                 return
             lines = batch.lines[: self.batch_lines]
-            yield self._ship_lines(batch, lines)
+            try:
+                report = self._ship_lines(batch, lines)
+            except BaseException:
+                self._abandon()
+                raise
+            yield report
 
     def _ship_lines(self, batch: Batch, lines: list[Line]) -> BatchReport:
+        """Produce the lines (events, dead letters) and commit them with the file's new position,
+        all in one transaction."""
         name = batch.name
         events = dead = blank = 0
         for line in lines:
@@ -332,9 +551,8 @@ class Shipper:
                 dead += 1
                 continue
             events += 1
-        self.sink.flush()  # every record acknowledged (raises DeliveryError otherwise) ...
         position = Position(batch.inode, lines[-1].end)
-        self.offsets.commit(name, position)  # ... only then does the file's position move
+        self._commit({name: position})  # the lines and the position past them, atomically
         return BatchReport(name, lines[0].start, position.offset, len(lines), events, dead, blank, batch.reason)
 
     def _dead_letter(self, name: str, line: Line, headers: list[tuple[str, bytes]], reason: str, error_class: str,
@@ -368,10 +586,12 @@ class Shipper:
                 total.batches.extend(done.batches)
                 delay = poll_s
             except DeliveryError as exc:
-                log.warning("%s; retrying from the committed offsets in %.1fs", exc, delay)
+                log.warning("%s; retrying from the committed positions in %.1fs", exc, delay)
                 stop.wait(delay)
                 delay = min(max(delay, 0.5) * 2, 30.0)
                 continue
+            except FencedError:
+                raise
             except ShipperError as exc:  # e.g. the directory went away: keep watching for it
                 log.warning("%s; retrying in %.1fs", exc, poll_s)
             stop.wait(poll_s)
@@ -383,66 +603,83 @@ class Shipper:
 # wiring: settings → a running shipper
 
 
-def default_offsets_path(settings: Settings, directory: str | os.PathLike[str]) -> str:
+def default_shipper_id(directory: str | os.PathLike[str]) -> str:
+    """`<DIR name>-<first 12 hex of SHA-256 of DIR's real path>`: stable for one directory across
+    restarts, distinct for two directories of the same name."""
     real = os.path.realpath(os.fspath(directory))
     tag = hashlib.sha256(real.encode("utf-8")).hexdigest()[:12]
-    base = os.path.basename(real.rstrip(os.sep)) or "root"
-    return os.path.join(settings.shipper_offsets_dir, f"{base}-{tag}.offsets.json")
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(real.rstrip(os.sep)) or "root")[:120]
+    return f"{base}-{tag}"
 
 
-@contextlib.contextmanager
-def _exclusive(offsets_path: str) -> Iterator[None]:
-    import fcntl
+def default_offsets_path(settings: Settings, directory: str | os.PathLike[str]) -> str:
+    """Where the offsets-file shipper (before transactions) kept this directory's offsets: read
+    once, to import them."""
+    return os.path.join(settings.shipper_offsets_dir, f"{default_shipper_id(directory)}.offsets.json")
 
-    lock_path = offsets_path + ".lock"
-    os.makedirs(os.path.dirname(os.path.abspath(lock_path)), exist_ok=True)
-    with open(lock_path, "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ShipperError(f"another ship-graph-logs is using the offsets file {offsets_path}") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+
+def _import_offsets_file(shipper: Shipper, path: str, explicit: bool) -> None:
+    """Carry over the positions of an offsets file of the earlier shipper, if Kafka has none."""
+    if not os.path.exists(path):
+        if explicit:
+            log.info("--offsets %s: no such file, nothing to import (positions are kept in %s)", path,
+                     catalog.SHIPPER_POSITIONS)
+        return
+    if shipper.positions:
+        log.warning("%s ignored: %s already holds this shipper's positions (the file is no longer used)", path,
+                    catalog.SHIPPER_POSITIONS)
+        return
+    try:
+        legacy = load_offsets(path)
+    except OffsetsFileError as exc:
+        raise ShipperError(f"{exc}; fix or remove it (removing re-ships every file from its start)") from None
+    if legacy:
+        shipper._commit(dict(legacy))
+    os.replace(path, path + ".imported")
+    log.info("imported %d position(s) from the offsets file %s into %s (file renamed to %s.imported)", len(legacy),
+             path, catalog.SHIPPER_POSITIONS, path)
 
 
 @contextlib.contextmanager
 def open_shipper(directory: str | os.PathLike[str], settings: Settings, offsets_path: str | None = None,
-                 sink: Sink | None = None) -> Iterator[Shipper]:
+                 sink: Sink | None = None, shipper_id: str | None = None) -> Iterator[Shipper]:
     """A ready `Shipper` for `directory` (directory, broker, topics, registry checked; schemas
-    registered once; offsets file loaded and locked). Errors the user can fix raise `ShipperError`."""
+    registered once; earlier producers of this shipper id fenced; committed positions read back).
+    Errors the user can fix raise `ShipperError`."""
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
         raise ShipperError(f"graph log directory {directory} does not exist (or is not a directory)")
-    offsets_path = offsets_path or default_offsets_path(settings, directory)
-    with _exclusive(offsets_path):
+    shipper_id = shipper_id or default_shipper_id(directory)
+    if not SHIPPER_ID_RE.fullmatch(shipper_id):
+        raise ShipperError(f"shipper id {shipper_id!r} must be 1-200 characters of A-Z a-z 0-9 . _ -")
+    codecs = CodecFactory.from_url(settings.registry_url)
+    kafka = None
+    if sink is None:
+        kafka = KafkaSink(settings.broker, shipper_id, codecs, settings.shipper_transaction_timeout_s)
+        kafka.check([catalog.GRAPH_EVENTS, catalog.DLQ, catalog.SHIPPER_POSITIONS])
+        sink = kafka
+    try:
         try:
-            offsets = OffsetStore(offsets_path)
-        except OffsetsFileError as exc:
-            raise ShipperError(f"{exc}; fix or remove it (removing re-ships every file from its start)") from None
-        kafka = None
-        if sink is None:
-            kafka = KafkaSink(settings.broker)
-            kafka.check([catalog.GRAPH_EVENTS, catalog.DLQ])
-            sink = kafka
-        codecs = CodecFactory.from_url(settings.registry_url)
-        try:
-            codecs.register([catalog.GRAPH_EVENTS, catalog.DLQ])  # once, at startup
+            codecs.register([catalog.GRAPH_EVENTS, catalog.DLQ, catalog.SHIPPER_POSITIONS])  # once, at startup
         except RegistryError as exc:
             raise ShipperError(f"schema registry at {settings.registry_url}: {exc}") from None
-        shipper = Shipper(directory, sink, offsets, codecs, batch_lines=settings.shipper_batch_lines)
-        log.info("shipping %s/graph-events-*.ndjson to %s (offsets %s)", directory, catalog.GRAPH_EVENTS, offsets_path)
-        try:
-            yield shipper
-        finally:
-            if kafka is not None:
-                kafka.close()
+        if kafka is not None:
+            kafka.start()  # fences an earlier shipper with this id, settles its open transaction
+        shipper = Shipper(directory, sink, codecs, batch_lines=settings.shipper_batch_lines,
+                          positions=sink.load_positions())
+        _import_offsets_file(shipper, offsets_path or default_offsets_path(settings, directory), offsets_path is not None)
+        log.info("shipping %s/graph-events-*.ndjson to %s as shipper %s (transactional id %s%s)", directory,
+                 catalog.GRAPH_EVENTS, shipper_id, TRANSACTIONAL_ID_PREFIX, shipper_id)
+        yield shipper
+    finally:
+        if kafka is not None:
+            kafka.close()
 
 
-def ship_directory(directory: str | os.PathLike[str], settings: Settings, offsets_path: str | None = None) -> PassReport:
+def ship_directory(directory: str | os.PathLike[str], settings: Settings, offsets_path: str | None = None,
+                   shipper_id: str | None = None) -> PassReport:
     """Ship what is in `directory` now and return (what `--once` does; usable in-process)."""
-    with open_shipper(directory, settings, offsets_path) as shipper:
+    with open_shipper(directory, settings, offsets_path, shipper_id=shipper_id) as shipper:
         return shipper.ship_once()
 
 
@@ -465,7 +702,7 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
 
 
 def run(directory: str, settings: Settings, *, once: bool = False, offsets_path: str | None = None,
-        poll_s: float | None = None) -> int:
+        poll_s: float | None = None, shipper_id: str | None = None) -> int:
     """The `memstream ship-graph-logs` command."""
     if not logging.getLogger().handlers:  # our progress at INFO; libraries (HTTP clients) only warnings
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -473,7 +710,7 @@ def run(directory: str, settings: Settings, *, once: bool = False, offsets_path:
     poll = settings.shipper_poll_s if poll_s is None else poll_s
     if poll <= 0:
         raise ShipperError(f"poll interval must be positive, got {poll}")
-    with open_shipper(directory, settings, offsets_path) as shipper:
+    with open_shipper(directory, settings, offsets_path, shipper_id=shipper_id) as shipper:
         if once:
             report = shipper.ship_once()
             log.info("done: %d lines from %d file(s): %d events, %d dead letters",

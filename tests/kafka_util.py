@@ -149,12 +149,17 @@ def _key(raw: bytes | None) -> str | bytes | None:
 
 def read_to_end(settings: Settings, topic: str, keys: set[bytes] | None = None, *,
                 keep: Callable[[bytes | None, int, int], bool] | None = None, decode: bool = True,
-                timeout: float = 120.0) -> list[dict]:
+                timeout: float = 120.0, isolation: str = "read_committed") -> list[dict]:
     """Every record of `topic` up to the high watermarks as of now, in partition order: an
     exact count, not "until enough arrived". Only records whose key is in `keys` and/or for
-    which keep(key, partition, offset) holds; values decoded unless `decode` is False."""
+    which keep(key, partition, offset) holds; values decoded unless `decode` is False.
+
+    read_committed (librdkafka's default) skips records of aborted transactions and reads up to
+    the last stable offset; a partition's last offset may be a transaction marker, never
+    delivered as a message, so "done" is the consumer's position, not the last message seen."""
     c = Consumer({"bootstrap.servers": settings.broker, "group.id": f"test-end-{uuid.uuid4().hex}",
-                  "enable.auto.commit": False, "log_level": 0, "fetch.max.bytes": 52_428_800})
+                  "enable.auto.commit": False, "log_level": 0, "fetch.max.bytes": 52_428_800,
+                  "isolation.level": isolation})
     codec = codecs(settings).codec(catalog.topic(topic).value_schema)
     try:
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
@@ -177,6 +182,9 @@ def read_to_end(settings: Settings, topic: str, keys: set[bytes] | None = None, 
                 out.append({"key": k, "value": codec.decode(raw) if decode and raw is not None else None,
                             "raw": raw, "headers": dict(m.headers() or []), "partition": p, "offset": o,
                             "timestamp": m.timestamp()[1]})
+            for tp in c.position([TopicPartition(topic, p) for p in todo]):
+                if tp.offset >= ends[tp.partition]:
+                    todo.discard(tp.partition)
         return out
     finally:
         c.close()

@@ -39,6 +39,7 @@ FIELDS = {
                          "compaction_tokens_saved", "graph_cost_usd", "updated_at"],
     "dead_letter": ["original_topic", "original_partition", "original_offset", "original_key", "original_value",
                     "original_size", "original_sha256", "stage", "reason", "error_class", "failed_at", "worker"],
+    "shipper_position": ["shipper", "file", "inode", "offset", "committed_at"],
 }
 
 PAYLOAD_FIELDS = {

@@ -14,8 +14,8 @@ import pytest
 from streams import catalog, cli
 from streams import shipper as shipper_module
 from streams.graphs import samples, state as graph_state
-from streams.graphs.paths import graph_events_path, parse_line
-from streams.graphs.shipper_state import HEADER_LINE_ID, OffsetStore, line_id, load_offsets
+from streams.graphs.paths import graph_events_path
+from streams.graphs.shipper_state import HEADER_LINE_ID, Position, line_id
 from streams.settings import Settings
 from streams.shipper import DeliveryError, RecordTooLargeError, Shipper, ShipperError, default_offsets_path, open_shipper, ship_directory
 from streams.wire import CodecFactory, decode_key
@@ -26,30 +26,44 @@ DLQ = CODECS.codec("dead_letter")
 
 
 class FakeSink:
-    """Records what was produced; `flush` moves records from pending to delivered (or fails)."""
+    """Records what was produced; `commit` moves records from pending to delivered together with
+    the position changes (a transaction), or fails and delivers nothing."""
 
-    def __init__(self, offsets_path=None, fail_on_flush: set[int] | None = None):
+    def __init__(self, fail_on_commit: set[int] | None = None):
         self.pending: list[dict] = []
         self.delivered: list[dict] = []
-        self.flushes = 0
-        self.fail_on_flush = fail_on_flush or set()
-        self.offsets_path = offsets_path
-        self.offsets_at_flush: list[dict] = []
+        self.aborted: list[dict] = []
+        self.committed: dict[str, Position] = {}
+        self.commits = 0
+        self.loads = 0
+        self.fail_on_commit = fail_on_commit or set()
+        self.positions_at_commit: list[dict] = []
         self.max_bytes = 100_000
+
+    def load_positions(self):
+        self.loads += 1
+        return dict(self.committed)
 
     def produce(self, topic, key, value, headers):
         if len(value) > self.max_bytes:
             raise RecordTooLargeError(f"{len(value)} bytes exceed the producer's message.max.bytes")
         self.pending.append({"topic": topic, "key": key, "value": value, "headers": dict(headers)})
 
-    def flush(self):
-        self.flushes += 1
-        if self.offsets_path is not None:
-            self.offsets_at_flush.append(dict(load_offsets(self.offsets_path)))
-        if self.flushes in self.fail_on_flush:
-            self.pending.clear()
+    def commit(self, changes):
+        self.commits += 1
+        self.positions_at_commit.append(dict(self.committed))
+        if self.commits in self.fail_on_commit:
             raise DeliveryError("1 record(s) not delivered: broker went away")
         self.delivered += self.pending
+        self.pending.clear()
+        for name, position in changes.items():
+            if position is None:
+                self.committed.pop(name, None)
+            else:
+                self.committed[name] = position
+
+    def abort(self):
+        self.aborted += self.pending
         self.pending.clear()
 
     def events(self):
@@ -59,8 +73,8 @@ class FakeSink:
         return [m for m in self.delivered if m["topic"] == catalog.DLQ]
 
 
-def make_shipper(directory, offsets_path, sink, batch_lines=500):
-    return Shipper(directory, sink, OffsetStore(offsets_path), CODECS, batch_lines=batch_lines)
+def make_shipper(directory, sink, batch_lines=500):
+    return Shipper(directory, sink, CODECS, batch_lines=batch_lines)
 
 
 def write(path, text, mode="a"):
@@ -82,7 +96,7 @@ def test_ships_every_line_once_keyed_by_graph_with_its_line_id(tmp_path):
     runs = samples.graph_runs(11, 3)
     paths = samples.write_run_files(tmp_path / "logs", runs)
     sink = FakeSink()
-    shipper = make_shipper(tmp_path / "logs", tmp_path / "offsets.json", sink)
+    shipper = make_shipper(tmp_path / "logs", sink)
     report = shipper.ship_once()
     assert report.events == sum(len(r.events) for r in runs) and report.dead_letters == 0
     for run in runs:
@@ -95,7 +109,7 @@ def test_ships_every_line_once_keyed_by_graph_with_its_line_id(tmp_path):
             offset += len(line.encode())
         assert [m["headers"][HEADER_LINE_ID].decode() for m in mine] == ids
         assert mine[3]["headers"]["memstream.source.file"] == name.encode()
-        assert load_offsets(tmp_path / "offsets.json")[name].offset == os.path.getsize(paths[run.graph_id])
+        assert sink.committed[name].offset == os.path.getsize(paths[run.graph_id])
     # the graph agent's view equals the generator's expectation
     states = materialize(sink.events())
     for run in runs:
@@ -111,7 +125,7 @@ def test_appended_lines_and_a_half_written_line(tmp_path):
     lines = run.lines()
     write(path, "".join(lines[:4]) + lines[4][:10])  # the 5th line is being written
     sink = FakeSink()
-    shipper = make_shipper(tmp_path, tmp_path / "o.json", sink)
+    shipper = make_shipper(tmp_path, sink)
     assert shipper.ship_once().events == 4
     write(path, lines[4][10:] + "".join(lines[5:]))
     assert shipper.ship_once().events == len(lines) - 4
@@ -127,7 +141,7 @@ def test_corrupt_blank_and_foreign_lines(tmp_path):
     name = os.path.basename(path)
     write(path, run.lines()[0] + "\n" + "".join(line for line, _ in bad) + foreign + "".join(run.lines()[1:]))
     sink = FakeSink()
-    report = make_shipper(tmp_path, tmp_path / "o.json", sink).ship_once()
+    report = make_shipper(tmp_path, sink).ship_once()
     assert report.events == len(run.events) and report.dead_letters == len(bad) + 1
     assert report.batches[0].blank == 1
     letters = sink.dead_letters()
@@ -155,72 +169,71 @@ def test_a_line_too_large_to_send_is_dead_lettered_with_its_start(tmp_path):
     path = graph_events_path(tmp_path, run.graph_id)
     write(path, run.lines()[0] + json.dumps({k: v for k, v in huge.items() if v is not None}) + "\n" + run.lines()[2])
     sink = FakeSink()
-    report = make_shipper(tmp_path, tmp_path / "o.json", sink).ship_once()
+    report = make_shipper(tmp_path, sink).ship_once()
     assert report.events == 2 and report.dead_letters == 1
     rec = DLQ.decode(sink.dead_letters()[0]["value"])
     assert rec["error_class"] == "ship.too_large" and "too large" in rec["reason"]
     assert len(rec["original_value"]) == 64 * 1024 and "first 65536 of" in rec["reason"]
     write(path, "{" * 200_000 + "\n")  # a huge corrupt line: its dead letter is cut to fit as well
-    report = make_shipper(tmp_path, tmp_path / "o.json", sink).ship_once()
+    report = make_shipper(tmp_path, sink).ship_once()
     rec = DLQ.decode(sink.dead_letters()[1]["value"])
     assert rec["error_class"] == "ship.corrupt_json" and len(rec["original_value"]) == 64 * 1024
 
 
-def test_batches_flush_before_the_offset_moves(tmp_path):
+def test_each_batch_commits_its_lines_with_the_files_position(tmp_path):
     run = samples.graph_run(4, graph_id="g-batches", nodes=12)
     path = graph_events_path(tmp_path, run.graph_id)
     name = os.path.basename(path)
     write(path, "".join(run.lines()))
-    sink = FakeSink(offsets_path=tmp_path / "o.json")
-    report = make_shipper(tmp_path, tmp_path / "o.json", sink, batch_lines=7).ship_once()
+    sink = FakeSink()
+    report = make_shipper(tmp_path, sink, batch_lines=7).ship_once()
     n = len(run.events)
     assert [b.lines for b in report.batches] == [7] * (n // 7) + ([n % 7] if n % 7 else [])
-    assert sink.flushes == len(report.batches)
-    # at each flush the committed offset is still the previous batch's end
+    assert sink.commits == len(report.batches)  # one transaction per batch
+    # each transaction moves the position from the previous batch's end to its own
     ends = [0] + [b.end for b in report.batches]
-    seen = [pos[name].offset if name in pos else 0 for pos in sink.offsets_at_flush]
-    assert seen == ends[:-1]
+    seen = [pos[name].offset if name in pos else 0 for pos in sink.positions_at_commit]
+    assert seen == ends[:-1] and sink.committed[name].offset == ends[-1]
     assert all(b.start == e for b, e in zip(report.batches, ends))
 
 
-def test_failed_delivery_commits_nothing_and_the_batch_is_resent(tmp_path):
+def test_a_failed_transaction_delivers_nothing_and_the_batch_is_resent(tmp_path):
     run = samples.graph_run(6, graph_id="g-retry", nodes=10)
     path = graph_events_path(tmp_path, run.graph_id)
     write(path, "".join(run.lines()))
     name = os.path.basename(path)
-    sink = FakeSink(fail_on_flush={2})
-    shipper = make_shipper(tmp_path, tmp_path / "o.json", sink, batch_lines=5)
+    sink = FakeSink(fail_on_commit={2})
+    shipper = make_shipper(tmp_path, sink, batch_lines=5)
     with pytest.raises(DeliveryError):
         shipper.ship_once()
-    first = load_offsets(tmp_path / "o.json")[name].offset
-    assert len(sink.events()) == 5 and first == len("".join(run.lines()[:5]).encode())
-    shipper.ship_once()  # e.g. the follow loop's retry, or the next run
-    assert [EVENTS.decode(m["value"]) for m in sink.events()] == run.events  # nothing lost, in order
+    assert len(sink.events()) == 5 and sink.committed[name].offset == len("".join(run.lines()[:5]).encode())
+    assert len(sink.aborted) == 5  # the second batch was aborted
+    loads = sink.loads
+    shipper.ship_once()  # e.g. the follow loop's retry
+    assert sink.loads == loads + 1  # the positions were read back before shipping again
+    assert [EVENTS.decode(m["value"]) for m in sink.events()] == run.events  # nothing lost, none twice
 
 
-def test_crash_between_flush_and_commit_resends_with_the_same_ids(tmp_path, monkeypatch):
+def test_a_kill_before_the_commit_ships_that_batch_exactly_once(tmp_path, monkeypatch):
     run = samples.graph_run(12, graph_id="g-crash", nodes=10)
     path = graph_events_path(tmp_path, run.graph_id)
     write(path, "".join(run.lines()))
     sink = FakeSink()
-    commits = {"n": 0}
-    real_commit = OffsetStore.commit
+    real_commit = FakeSink.commit
 
-    def crashing_commit(self, name, position):
-        commits["n"] += 1
-        if commits["n"] == 3:
-            raise SystemExit("killed after flush, before commit")
-        real_commit(self, name, position)
+    def killed_at_third_commit(self, changes):
+        if self.commits == 2:
+            raise SystemExit("killed mid-transaction")
+        real_commit(self, changes)
 
-    monkeypatch.setattr(OffsetStore, "commit", crashing_commit)
+    monkeypatch.setattr(FakeSink, "commit", killed_at_third_commit)
     with pytest.raises(SystemExit):
-        make_shipper(tmp_path, tmp_path / "o.json", sink, batch_lines=6).ship_once()
-    monkeypatch.setattr(OffsetStore, "commit", real_commit)
-    make_shipper(tmp_path, tmp_path / "o.json", sink, batch_lines=6).ship_once()  # the restart
+        make_shipper(tmp_path, sink, batch_lines=6).ship_once()
+    monkeypatch.setattr(FakeSink, "commit", real_commit)
+    sink.pending.clear()  # the restart's init_transactions aborts the open transaction
+    make_shipper(tmp_path, sink, batch_lines=6).ship_once()  # the restart reads the positions back
     ids = [m["headers"][HEADER_LINE_ID] for m in sink.events()]
-    assert len(ids) == len(run.events) + 6  # the third batch went out twice ...
-    assert len(set(ids)) == len(run.events)  # ... with the same ids
-    # ... so its effect is applied once
+    assert len(ids) == len(set(ids)) == len(run.events)  # every line once
     assert materialize(sink.events())[run.graph_id]["eventCount"] == run.expected["eventCount"]
 
 
@@ -230,7 +243,7 @@ def test_truncated_and_replaced_files_are_read_again_from_the_start(tmp_path, ca
     lines = run.lines()
     write(path, "".join(lines))
     sink = FakeSink()
-    shipper = make_shipper(tmp_path, tmp_path / "o.json", sink)
+    shipper = make_shipper(tmp_path, sink)
     shipper.ship_once()
     write(path, lines[0], mode="w")  # truncated, one line rewritten
     with caplog.at_level("WARNING", logger="memstream.shipper"):
@@ -251,19 +264,19 @@ def test_new_files_are_picked_up_and_vanished_files_forgotten(tmp_path):
     a, b = samples.graph_run(1, graph_id="g-a"), samples.graph_run(2, graph_id="g-b")
     samples.write_run_files(tmp_path, [a])
     sink = FakeSink()
-    shipper = make_shipper(tmp_path, tmp_path / "o.json", sink)
+    shipper = make_shipper(tmp_path, sink)
     shipper.ship_once()
     write(tmp_path / "notes.txt", "not a graph log\n")  # ignored: not a graph-events file
     paths = samples.write_run_files(tmp_path, [b])
     assert shipper.ship_once().events == len(b.events)
     os.unlink(paths["g-b"])
     shipper.ship_once()
-    assert set(load_offsets(tmp_path / "o.json")) == {os.path.basename(graph_events_path(tmp_path, "g-a"))}
+    assert set(sink.committed) == {os.path.basename(graph_events_path(tmp_path, "g-a"))}
 
 
 def test_follow_mode_ships_new_files_until_stopped(tmp_path):
     sink = FakeSink()
-    shipper = make_shipper(tmp_path, tmp_path / "o.json", sink)
+    shipper = make_shipper(tmp_path, sink)
     stop = threading.Event()
     result = {}
     t = threading.Thread(target=lambda: result.setdefault("r", shipper.follow(0.05, stop)))
@@ -284,8 +297,8 @@ def test_follow_mode_ships_new_files_until_stopped(tmp_path):
 def test_follow_mode_retries_after_a_delivery_failure(tmp_path):
     run = samples.graph_run(7, graph_id="g-flaky")
     samples.write_run_files(tmp_path, [run])
-    sink = FakeSink(fail_on_flush={1})
-    shipper = make_shipper(tmp_path, tmp_path / "o.json", sink)
+    sink = FakeSink(fail_on_commit={1})
+    shipper = make_shipper(tmp_path, sink)
     stop = threading.Event()
     t = threading.Thread(target=shipper.follow, args=(0.05, stop))
     t.start()
@@ -299,22 +312,22 @@ def test_follow_mode_retries_after_a_delivery_failure(tmp_path):
 
 def test_settings_and_setup_errors(tmp_path):
     with pytest.raises(ShipperError, match="out of range"):
-        make_shipper(tmp_path, tmp_path / "o.json", FakeSink(), batch_lines=513)
+        make_shipper(tmp_path, FakeSink(), batch_lines=513)
     s = Settings(registry_url="", shipper_offsets_dir=str(tmp_path / "state"))
     with pytest.raises(ShipperError, match="does not exist"):
         ship_directory(tmp_path / "missing", s)
     p = default_offsets_path(s, tmp_path)
     assert p.startswith(str(tmp_path / "state")) and p.endswith(".offsets.json")
     assert default_offsets_path(s, tmp_path) == p != default_offsets_path(s, tmp_path / "x")
+    assert shipper_module.default_shipper_id(tmp_path / "a b").startswith("a_b-")
+    with pytest.raises(ShipperError, match="shipper id 'a/b' must be"):
+        with open_shipper(tmp_path, s, sink=FakeSink(), shipper_id="a/b"):
+            pass
     bad = tmp_path / "bad.json"
     bad.write_text("{ torn")
     with pytest.raises(ShipperError, match="not a valid offsets file"):
         with open_shipper(tmp_path, s, str(bad), sink=FakeSink()):
             pass
-    with open_shipper(tmp_path, s, str(tmp_path / "o.json"), sink=FakeSink()):
-        with pytest.raises(ShipperError, match="another ship-graph-logs"):
-            with open_shipper(tmp_path, s, str(tmp_path / "o.json"), sink=FakeSink()):
-                pass
 
 
 def test_cli_reports_user_errors_in_one_line(tmp_path, monkeypatch, capsys):
@@ -330,10 +343,25 @@ def test_cli_reports_user_errors_in_one_line(tmp_path, monkeypatch, capsys):
     assert err.startswith("memstream: error: cannot reach the Kafka broker at 127.0.0.1:9")
 
 
-def test_offsets_file_is_the_documented_json(tmp_path):
-    samples.write_run_files(tmp_path / "logs", [samples.graph_run(1, graph_id="g-json")])
-    make_shipper(tmp_path / "logs", tmp_path / "o.json", FakeSink()).ship_once()
-    doc = json.loads((tmp_path / "o.json").read_text())
-    (name, pos), = doc["files"].items()
-    assert doc["version"] == 1 and set(pos) == {"inode", "offset"}
-    assert parse_line(open(tmp_path / "logs" / name, "rb").read().splitlines()[0])["graphId"] == "g-json"
+def test_an_old_offsets_file_is_imported_once_then_renamed(tmp_path):
+    run = samples.graph_run(1, graph_id="g-json")
+    paths = samples.write_run_files(tmp_path / "logs", [run])
+    name = os.path.basename(paths["g-json"])
+    half = len("".join(run.lines()[:3]).encode())
+    s = Settings(registry_url="", shipper_offsets_dir=str(tmp_path / "state"))
+    old = default_offsets_path(s, tmp_path / "logs")  # where the offsets-file shipper kept it
+    os.makedirs(os.path.dirname(old))
+    with open(old, "w") as f:
+        json.dump({"version": 1, "files": {name: {"inode": os.stat(paths["g-json"]).st_ino, "offset": half}}}, f)
+    sink = FakeSink()
+    with open_shipper(tmp_path / "logs", s, sink=sink) as shipper:
+        assert sink.committed[name].offset == half  # imported in one transaction
+        shipper.ship_once()
+    assert [EVENTS.decode(m["value"]) for m in sink.events()] == run.events[3:]  # not re-shipped
+    assert not os.path.exists(old) and os.path.exists(old + ".imported")
+    # once Kafka holds positions, an offsets file is ignored (with a warning)
+    with open(old, "w") as f:
+        json.dump({"version": 1, "files": {name: {"inode": 1, "offset": 0}}}, f)
+    with open_shipper(tmp_path / "logs", s, sink=sink) as shipper:
+        assert shipper.ship_once().lines == 0
+    assert os.path.exists(old)

@@ -1,12 +1,13 @@
 """The graph-log shipper against the real broker and registry: `memstream ship-graph-logs` as a
 subprocess, its records read back with a plain consumer, and (for the restart case) a real
-`memstream worker` materializing graph.state.v1 from what was shipped."""
+`memstream worker` materializing graph.state.v1 from what was shipped. Records are counted the
+way a reader must read them: isolation.level=read_committed (librdkafka's default)."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import random
 import signal
 import subprocess
 import sys
@@ -15,12 +16,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Producer
 
 from streams import catalog
 from streams.graphs import samples
 from streams.graphs.paths import graph_events_filename, graph_events_path
-from streams.graphs.shipper_state import HEADER_LINE_ID, line_id
+from streams.graphs.shipper_state import HEADER_LINE_ID, HEADER_SOURCE_OFFSET, line_id
 
 from .conftest import ROOT, TEST_ENV, memstream
 from .kafka_util import codecs, consume, read_to_end, worker
@@ -29,25 +30,6 @@ pytestmark = pytest.mark.kafka
 
 
 # ------------------------------------------------------------------------------------ helpers
-def wait_caught_up(settings, group: str, topic: str, timeout: float = 120.0) -> None:
-    """Until consumer group `group` has committed the end of every partition of `topic` (Faust
-    flushes its producer before it commits, so every output of those records is on the broker)."""
-    c = Consumer({"bootstrap.servers": settings.broker, "group.id": group, "enable.auto.commit": False, "log_level": 0})
-    try:
-        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        deadline = time.monotonic() + timeout
-        while True:
-            ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
-            committed = {tp.partition: tp.offset for tp in c.committed([TopicPartition(topic, p) for p in parts], timeout=10)}
-            lag = {p: end - max(committed[p], 0) for p, end in ends.items() if end - max(committed[p], 0) > 0}
-            if not lag:
-                return
-            assert time.monotonic() < deadline, f"group {group} still behind on {topic}: {lag}"
-            time.sleep(0.5)
-    finally:
-        c.close()
-
-
 def expected_ids(path: str | Path) -> list[str]:
     name = os.path.basename(path)
     ids, offset = [], 0
@@ -132,65 +114,106 @@ def test_ship_once_delivers_every_line_exactly_once_and_dead_letters_bad_lines(s
     print(f"\n[shipper] --once shipped {len(events)} events + {len(letters)} dead letters in {elapsed:.1f}s")
 
 
-def test_killed_shipper_resumes_without_losing_or_double_applying_a_line(stack, unique, tmp_path):
+def test_sigkill_three_times_during_three_files_leaves_every_line_exactly_once_on_the_topic(stack, unique, tmp_path):
+    """SPEC §4.9 / issue 12: 3 files of 1,000 lines, the follower SIGKILLed three times at varied
+    points (mostly mid-transaction: it commits every 10 lines), restarted each time, then a last
+    `--once`: exactly 3,000 records on graph.events.v1 for a read_committed reader, each line
+    once. Then a worker (read_committed too) materializes each graph from exactly those lines."""
+    rng = random.Random(unique)
     logs = tmp_path / "logs"
     logs.mkdir()
-    runs = [samples.graph_run(60 + k, graph_id=f"g-kill-{k}-{unique}", nodes=25) for k in range(3)]
-    files = {r.graph_id: graph_events_path(logs, r.graph_id) for r in runs}
-    offsets, log = tmp_path / "offsets.json", tmp_path / "shipper.log"
-    pending = {r.graph_id: r.lines() for r in runs}
+    runs = [samples.graph_run(60 + k, graph_id=f"g-kill-{k}-{unique}", nodes=300) for k in range(3)]
+    lines = {r.graph_id: r.lines()[:1000] for r in runs}
+    assert all(len(v) == 1000 for v in lines.values())
+    files = {gid: graph_events_path(logs, gid) for gid in lines}
 
-    def append(n: int) -> None:  # the recorder writing: n more lines to each graph's file
-        for gid, lines in pending.items():
+    def write_lines(start: int, stop: int) -> None:  # the recorder appending
+        for gid, ls in lines.items():
             with open(files[gid], "a", encoding="utf-8") as f:
-                f.writelines(lines[:n])
-            del lines[:n]
+                f.writelines(ls[start:stop])
 
-    append(10)
-    proc = start_follower(logs, offsets, log, MEMSTREAM_SHIPPER_BATCH_LINES="5")
-    try:
-        # keep appending while it ships; SIGKILL it once a few batches are committed
-        wait_for(lambda: (append(2) or True) and log.read_text().count("shipped graph-events-") >= 8,
-                 60, "8 batches shipped", proc, log)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        stop(proc)
-    at_kill = tmp_path / "offsets-at-kill.json"
-    shutil.copy(offsets, at_kill)
-    append(10_000)  # the recorder finishes meanwhile
-    total = {gid: len(expected_ids(p)) for gid, p in files.items()}
+    write_lines(0, 400)
+    kills = []
+    for k, (lo, hi) in enumerate([(400, 700), (700, 1000), (1000, 1000)]):
+        log = tmp_path / f"shipper-{k}.log"
+        proc = start_follower(logs, tmp_path / "unused-offsets.json", log, MEMSTREAM_SHIPPER_BATCH_LINES="10")
+        try:
+            wait_for(lambda: "watching" in log.read_text(), 60, "the shipper to start", proc, log)
+            write_lines(lo, hi)
+            target = rng.randint(3, 40)  # batches (transactions) committed by this run before the kill
+            wait_for(lambda: log.read_text().count("shipped graph-events-") >= target, 60, f"{target} batches", proc, log)
+            time.sleep(rng.uniform(0, 0.05))  # and a little more: somewhere inside a later transaction
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        finally:
+            stop(proc)
+        kills.append(log.read_text().count("shipped graph-events-"))
+    memstream("ship-graph-logs", str(logs), "--once", "--offsets", str(tmp_path / "unused-offsets.json"))  # the last restart
 
-    memstream("ship-graph-logs", str(logs), "--once", "--offsets", str(offsets))  # the restart
-    keys = {r.graph_id.encode() for r in runs}
-    first = Counter(m["headers"][HEADER_LINE_ID].decode() for m in read_to_end(stack, catalog.GRAPH_EVENTS, keys))
+    keys = {gid.encode() for gid in lines}
+    committed = read_to_end(stack, catalog.GRAPH_EVENTS, keys)  # read_committed, as a reader must
+    per_id = Counter(m["headers"][HEADER_LINE_ID].decode() for m in committed)
     all_ids = {i for p in files.values() for i in expected_ids(p)}
-    assert set(first) == all_ids, "a line was lost across the kill"
-    assert all(n <= 2 for n in first.values())  # at most the one batch between flush and commit again
+    assert len(all_ids) == 3000
+    assert len(committed) == 3000, f"{len(committed)} records for 3,000 lines"
+    assert set(per_id) == all_ids, "a line was lost across the kills"
+    assert set(per_id.values()) == {1}, "a line was delivered twice"
+    for gid in lines:  # in file order, per graph
+        mine = [m["headers"][HEADER_SOURCE_OFFSET] for m in committed if m["key"] == gid.encode()]
+        assert [int(o) for o in mine] == sorted(int(o) for o in mine)
+    everything = read_to_end(stack, catalog.GRAPH_EVENTS, keys, isolation="read_uncommitted")
+    print(f"\n[shipper] SIGKILLed after {kills} committed batches of 10 lines; read_committed: {len(committed)} "
+          f"records for 3,000 lines; read_uncommitted also sees {len(everything) - len(committed)} aborted copies")
 
-    # a crash between flush and commit, made wide: put back the offsets as they were at the kill
-    # and ship again — every line after that point goes out a second time, with the same id
-    shutil.copy(at_kill, offsets)
-    memstream("ship-graph-logs", str(logs), "--once", "--offsets", str(offsets))
-    events = read_to_end(stack, catalog.GRAPH_EVENTS, keys)
-    per_id = Counter(m["headers"][HEADER_LINE_ID].decode() for m in events)
-    assert set(per_id) == all_ids and max(per_id.values()) >= 2, "the rewind re-sent lines"
-    killed_at = {name: pos["offset"] for name, pos in json.loads(at_kill.read_text())["files"].items()}
-    print(f"\n[shipper] killed at byte offsets {sorted(killed_at.values())} of files of "
-          f"{sorted(os.path.getsize(p) for p in files.values())} bytes; restart re-sent "
-          f"{sum(n - 1 for n in first.values())} line(s); rewind re-sent {len(events) - len(all_ids)}")
+    # a transaction that never commits: a read_committed worker must not apply it
+    ghost = Producer({"bootstrap.servers": stack.broker, "transactional.id": f"test-ghost-{unique}",
+                      "partitioner": "murmur2_random", "log_level": 0})
+    ghost.init_transactions(30)
+    ghost.begin_transaction()
+    codec = codecs(stack).codec("graph_event")
+    extra = dict(samples.graph_run(1, graph_id=runs[0].graph_id).events[0])
+    ghost.produce(catalog.GRAPH_EVENTS, key=runs[0].graph_id.encode(), value=codec.encode(extra),
+                  headers=[(HEADER_LINE_ID, f"ghost-{unique}".encode())])
+    ghost.flush(30)
+    ghost.abort_transaction(30)
 
-    # the graph agent applies each line once: eventCount = distinct lines, state as generated
     app_id = f"it-ship-{unique}"
     with worker(stack, f"shipper-{unique}", env={"MEMSTREAM_APP_ID": app_id}, from_start=True):
-        wait_caught_up(stack, app_id, catalog.GRAPH_EVENTS)
-    states = {}
-    for m in read_to_end(stack, catalog.GRAPH_STATE, keys):
-        states[m["key"].decode()] = m["value"]
-    for run in runs:
-        assert states[run.graph_id]["eventCount"] == total[run.graph_id] == len(run.events)
-        assert states[run.graph_id]["phase"] == run.expected["phase"]
-        assert states[run.graph_id]["budget"] == run.expected["budget"]
+        deadline = time.monotonic() + 120
+        while True:
+            states = {m["key"].decode(): m["value"] for m in read_to_end(stack, catalog.GRAPH_STATE, keys)}
+            counts = {gid: states[gid]["eventCount"] for gid in lines if gid in states}
+            if counts == {gid: 1000 for gid in lines}:
+                break
+            assert time.monotonic() < deadline, f"graph states not at 1,000 events each: {counts}"
+            time.sleep(1)
+        time.sleep(2)  # anything past the aborted record would show now
+        states = {m["key"].decode(): m["value"] for m in read_to_end(stack, catalog.GRAPH_STATE, keys)}
+    assert {gid: states[gid]["eventCount"] for gid in lines} == {gid: 1000 for gid in lines}
+
+
+def test_a_second_shipper_with_the_same_id_fences_the_first(stack, unique, tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    first = start_follower(logs, tmp_path / "o.json", first_log)
+    second = None
+    try:
+        wait_for(lambda: "watching" in first_log.read_text(), 60, "the first shipper to start", first, first_log)
+        second = start_follower(logs, tmp_path / "o.json", second_log)
+        wait_for(lambda: "watching" in second_log.read_text(), 60, "the second shipper to start", second, second_log)
+        run = samples.graph_run(78, graph_id=f"g-fence-{unique}")
+        paths = samples.write_run_files(logs, [run])  # both see it; only the second may commit
+        assert first.wait(60) != 0
+        assert "took over (producer fenced)" in first_log.read_text()
+        ids = set(expected_ids(paths[run.graph_id]))
+        wait_for(lambda: "shipped graph-events-" in second_log.read_text(), 60, "the second to ship", second, second_log)
+    finally:
+        stop(first)
+        if second is not None:
+            stop(second)
+    events = read_to_end(stack, catalog.GRAPH_EVENTS, {run.graph_id.encode()})
+    assert sorted(m["headers"][HEADER_LINE_ID].decode() for m in events) == sorted(ids)
 
 
 def test_follow_mode_picks_up_a_new_file_and_stops_cleanly_on_sigterm(stack, unique, tmp_path):

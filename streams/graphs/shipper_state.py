@@ -1,12 +1,14 @@
 """File-position bookkeeping for the ``tail -F`` style graph-event shipper (SPEC §4.9). File I/O
-only — no Kafka here; the Kafka side lives in the shipper itself.
+only — no Kafka here; the Kafka side (transactions, the positions topic) lives in
+streams/shipper.py.
 
 Pieces
 ------
-- a durable **offsets file** (JSON ``{"version": 1, "files": {name: {"inode", "offset"}}}``) mapping
-  each log file's base name to the inode it had and the byte offset just past the last complete
-  line shipped. ``save_offsets`` writes it atomically (tmp file, fsync, ``os.replace``, fsync of the
-  directory), so a crash leaves either the old or the new file, never a torn one;
+- a **position** per log file: the inode it had and the byte offset just past the last complete
+  line shipped. The shipper commits positions to the compacted topic ``shipper.positions.v1`` in
+  the *same Kafka transaction* as the lines they cover (``position_key`` / ``position_record`` /
+  ``position_from_record`` below are that record's shape), so a line and the position past it
+  become visible together or not at all;
 - ``read_new_lines(path, offset)`` returns only *complete* lines (ending in ``\\n``) after
   ``offset`` and the offset just past the last one: a half-written last line is withheld until its
   newline lands. If the file is now shorter than ``offset`` (truncated) it restarts at 0;
@@ -15,25 +17,31 @@ Pieces
   unread in a rotated-away file are not recovered (the graph recorder never rotates; this only
   keeps a replaced file from being read at a stale offset);
 - ``line_id(name, start, data)``: a deterministic id of one line (SHA-256 of file name, byte
-  offset and bytes) — the same line at the same place always gets the same id.
+  offset and bytes) — the same line at the same place always gets the same id;
+- ``load_offsets(path)``: reads the JSON offsets file that versions before the transactional
+  shipper kept (``{"version": 1, "files": {name: {"inode", "offset"}}}``), so an upgraded shipper
+  can import those positions once instead of re-shipping every file.
 
-At-least-once + idempotent shipping (how the shipper should use this)
--------------------------------------------------------------------
+How the shipper uses this (exactly once on the topic)
+-----------------------------------------------------
 ::
 
-    store = OffsetStore(offsets_path)                      # survives restarts
+    positions = <committed positions, read back with isolation.level=read_committed>
     for path in list_event_files(directory):
-        batch = poll_file(path, store.get(os.path.basename(path)))
+        batch = poll_file(path, positions.get(os.path.basename(path)))
         if batch is None:                                  # vanished between listing and open
             continue
+        begin transaction
         for line in batch.lines:                           # complete lines only
             produce(key=graphId or file name, value=...,   # corrupt lines -> DLQ, with the raw bytes
                     headers={HEADER_LINE_ID: line_id(batch.name, line.start, line.data), ...})
-        producer.flush()                                   # every produce acknowledged ...
-        store.commit(batch.name, batch.position)           # ... only then move the offset
+        produce(shipper.positions.v1, position_key(shipper, batch.name), position_record(...))
+        commit transaction                                 # lines and position, atomically
 
-A crash between ``flush`` and ``commit`` re-ships those lines after restart with the *same* ids;
-the graph reducer (``state.apply(..., event_id=<header>)``) skips ids it has already applied.
+A crash anywhere before the commit leaves an open transaction that the restarted shipper's
+``init_transactions`` aborts: its lines are never seen by a read_committed reader, and the
+committed position is still the one before them, so they are shipped once more, in a transaction
+that commits.
 """
 
 from __future__ import annotations
@@ -41,7 +49,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -93,13 +100,14 @@ class Batch:
 
 
 # --------------------------------------------------------------------------------------------
-# the offsets file
+# positions: the legacy offsets file, the positions topic's records
 
 
 def load_offsets(path: str | os.PathLike[str]) -> dict[str, Position]:
-    """Read the offsets file; a missing file is an empty mapping. A present but unreadable file
-    raises ``OffsetsFileError`` (it cannot be torn by our writer, so it was damaged externally:
-    an operator decides, rather than silently re-shipping everything)."""
+    """Read an offsets file of an earlier shipper version (to import its positions); a missing file
+    is an empty mapping. A present but unreadable file raises ``OffsetsFileError`` (its writer
+    never tore it, so it was damaged externally: an operator decides, rather than silently
+    re-shipping everything)."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -121,64 +129,21 @@ def load_offsets(path: str | os.PathLike[str]) -> dict[str, Position]:
         raise OffsetsFileError(f"{os.fspath(path)}: not a valid offsets file: {e}") from e
 
 
-def save_offsets(path: str | os.PathLike[str], offsets: dict[str, Position]) -> None:
-    """Write the offsets file atomically: tmp file in the same directory, fsync, rename, fsync dir."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    doc = {
-        "version": OFFSETS_VERSION,
-        "files": {n: {"inode": p.inode, "offset": p.offset} for n, p in sorted(offsets.items())},
-    }
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(json.dumps(doc, indent=1).encode("utf-8"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:
-        dfd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
+def position_key(shipper: str, name: str) -> str:
+    """Key of a file's record on the positions topic: ``<shipper id>/<file name>``. A file name
+    never contains ``/``, so the last ``/`` separates the two whatever the shipper id holds."""
+    return f"{shipper}/{name}"
 
 
-class OffsetStore:
-    """The offsets file plus its in-memory copy. ``commit`` persists immediately."""
+def position_record(shipper: str, name: str, position: Position, now_ms: int) -> dict:
+    """The ShipperPosition record (schemas/shipper_position.avsc) for one file."""
+    return {"shipper": shipper, "file": name, "inode": position.inode, "offset": position.offset,
+            "committed_at": now_ms}
 
-    def __init__(self, path: str | os.PathLike[str]):
-        self.path = os.fspath(path)
-        self.positions: dict[str, Position] = load_offsets(self.path)
 
-    def get(self, name: str) -> Position | None:
-        return self.positions.get(name)
-
-    def commit(self, name: str, position: Position) -> None:
-        if self.positions.get(name) == position:
-            return
-        new = dict(self.positions)
-        new[name] = position
-        save_offsets(self.path, new)
-        self.positions = new
-
-    def forget(self, name: str) -> None:
-        if name in self.positions:
-            new = dict(self.positions)
-            del new[name]
-            save_offsets(self.path, new)
-            self.positions = new
+def position_from_record(record: dict) -> tuple[str, str, Position]:
+    """(shipper id, file name, position) of a ShipperPosition record."""
+    return record["shipper"], record["file"], Position(int(record["inode"]), int(record["offset"]))
 
 
 # --------------------------------------------------------------------------------------------

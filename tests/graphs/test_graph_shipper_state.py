@@ -11,15 +11,16 @@ from streams.graphs.paths import graph_events_path, parse_line
 from streams.graphs.shipper_state import (
     Line,
     OffsetsFileError,
-    OffsetStore,
     Position,
     line_id,
     lines_text,
     list_event_files,
     load_offsets,
     poll_file,
+    position_from_record,
+    position_key,
+    position_record,
     read_new_lines,
-    save_offsets,
 )
 from streams.graphs.state import apply, to_record
 
@@ -110,38 +111,21 @@ def test_blank_lines_are_reported_as_blank(tmp_path):
     assert [ln.is_blank for ln in lines] == [False, True, True, False]
 
 
-def test_offsets_survive_a_restart(tmp_path):
-    off_path = tmp_path / "state" / "offsets.json"
-    store = OffsetStore(off_path)
-    assert store.positions == {}
-    store.commit("graph-events-aaaaaaaaaaaa.ndjson", Position(11, 120))
-    store.commit("graph-events-bbbbbbbbbbbb.ndjson", Position(12, 7))
-    # a new process reads the offsets file back
-    again = OffsetStore(off_path)
-    assert again.get("graph-events-aaaaaaaaaaaa.ndjson") == Position(11, 120)
-    assert again.get("graph-events-bbbbbbbbbbbb.ndjson") == Position(12, 7)
-    assert again.get("nope") is None
-    again.forget("graph-events-bbbbbbbbbbbb.ndjson")
-    assert load_offsets(off_path) == {"graph-events-aaaaaaaaaaaa.ndjson": Position(11, 120)}
-    # written atomically: no temporary files left behind, valid JSON
-    assert sorted(os.listdir(off_path.parent)) == ["offsets.json"]
-    doc = json.loads(off_path.read_text())
-    assert doc["version"] == 1
+def test_position_records_round_trip_and_keys_do_not_collide():
+    pos = Position(11, 120)
+    rec = position_record("logs-0123456789ab", "graph-events-aaaaaaaaaaaa.ndjson", pos, 1_700_000_000_000)
+    assert position_from_record(rec) == ("logs-0123456789ab", "graph-events-aaaaaaaaaaaa.ndjson", pos)
+    key = position_key("logs-0123456789ab", "graph-events-aaaaaaaaaaaa.ndjson")
+    assert key.rsplit("/", 1) == ["logs-0123456789ab", "graph-events-aaaaaaaaaaaa.ndjson"]
+    # a file name never holds "/", so the last one splits any shipper id from the file
+    assert position_key("a/b", "f").rsplit("/", 1) == ["a/b", "f"]
 
 
-def test_save_is_atomic_when_the_write_fails(tmp_path, monkeypatch):
+def test_an_old_offsets_file_is_read_for_import(tmp_path):
     off_path = tmp_path / "offsets.json"
-    save_offsets(off_path, {"f": Position(1, 2)})
-
-    def boom(*a, **k):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(os, "fsync", boom)
-    with pytest.raises(OSError):
-        save_offsets(off_path, {"f": Position(1, 99)})
-    monkeypatch.undo()
-    assert load_offsets(off_path) == {"f": Position(1, 2)}  # the old file is intact
-    assert os.listdir(tmp_path) == ["offsets.json"]  # and the tmp file is cleaned up
+    off_path.write_text(json.dumps({"version": 1, "files": {"graph-events-aaaaaaaaaaaa.ndjson": {"inode": 11, "offset": 120}}}))
+    assert load_offsets(off_path) == {"graph-events-aaaaaaaaaaaa.ndjson": Position(11, 120)}
+    assert load_offsets(tmp_path / "missing.json") == {}
 
 
 @pytest.mark.parametrize("content", [b"{not json", b'{"version": 1}', b'{"version": 2, "files": {}}',
@@ -173,7 +157,7 @@ def test_list_event_files(tmp_path):
 
 
 def _ship_once(directory, store, sink, crash_before_commit=False):
-    """One pass of a shipper: read, 'produce' (append to sink), 'flush', then commit."""
+    """One pass of a shipper: read, 'produce' (append to sink), then commit the positions."""
     for path in list_event_files(directory):
         batch = poll_file(path, store.get(os.path.basename(path)))
         if batch is None:
@@ -182,19 +166,21 @@ def _ship_once(directory, store, sink, crash_before_commit=False):
             sink.append((line_id(batch.name, line.start, line.data), line.data))
         if crash_before_commit:
             return
-        store.commit(batch.name, batch.position)
+        store[batch.name] = batch.position
 
 
-def test_crash_between_flush_and_commit_reships_with_the_same_ids(tmp_path):
+def test_lines_shipped_again_after_a_crash_carry_the_same_ids(tmp_path):
+    """What a read_uncommitted reader sees after a kill mid-transaction: the aborted lines, then
+    the same lines again; the line ids let the graph agent apply them once even then."""
     runs = samples.graph_runs(4, 3)
     samples.write_run_files(tmp_path / "logs", runs)
-    off = tmp_path / "offsets.json"
+    store: dict = {}  # the committed positions
     sink = []
-    _ship_once(tmp_path / "logs", OffsetStore(off), sink, crash_before_commit=True)
+    _ship_once(tmp_path / "logs", store, sink, crash_before_commit=True)
     shipped_before_crash = list(sink)
-    # restart: new store from the offsets file; nothing was committed for the first file
-    _ship_once(tmp_path / "logs", OffsetStore(off), sink)
-    _ship_once(tmp_path / "logs", OffsetStore(off), sink)  # a further pass ships nothing new
+    # restart: nothing was committed for the first file
+    _ship_once(tmp_path / "logs", store, sink)
+    _ship_once(tmp_path / "logs", store, sink)  # a further pass ships nothing new
     ids = [i for i, _ in sink]
     assert len(ids) == sum(len(r.events) for r in runs) + len(shipped_before_crash)
     assert set(ids[: len(shipped_before_crash)]) <= set(ids[len(shipped_before_crash):])
@@ -217,27 +203,25 @@ def test_shipping_while_the_writer_appends_in_arbitrary_chunks(tmp_path_factory,
     content = "".join(run.lines()).encode()
     path = graph_events_path(d, run.graph_id)
     open(path, "wb").close()
-    store_path = d / "offsets.json"
+    store: dict = {}  # the committed positions: all a fresh process knows
     shipped = []
     pos = 0
     for c in cuts + [len(content)]:
         chunk = content[pos:pos + c]
         pos += len(chunk)
         write(path, chunk)
-        store = OffsetStore(store_path)  # every poll is a fresh process
         batch = poll_file(path, store.get(os.path.basename(path)), max_bytes=data.draw(st.integers(1, 512)))
         shipped.extend(batch.lines)
-        store.commit(batch.name, batch.position)
+        store[batch.name] = batch.position
         if pos >= len(content):
             break
     # drain
     while True:
-        store = OffsetStore(store_path)
         batch = poll_file(path, store.get(os.path.basename(path)))
         if not batch.lines:
             break
         shipped.extend(batch.lines)
-        store.commit(batch.name, batch.position)
+        store[batch.name] = batch.position
     assert [ln.data for ln in shipped] == [ln.rstrip("\n").encode() for ln in run.lines()]
     assert all(isinstance(parse_line(ln.data), dict) for ln in shipped)
     assert [ln.start for ln in shipped] == sorted({ln.start for ln in shipped})  # no line twice
