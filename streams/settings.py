@@ -68,7 +68,7 @@ class Settings:
     max_id_chars: int = field(default=128, metadata={"doc": "Most characters of any id (motebit_id, user_id, candidate_id, event_id, node_id, session_id, graph_id, turn_id, request_id, device_id, …); ids use only `[A-Za-z0-9._:@-]`, first a letter or digit."})
     max_label_chars: int = field(default=128, metadata={"doc": "Most characters of a short label: `kind`, `frontmatter_type`, a graph node's agent/status/signal type, a session's compaction id, command id, provider, model."})
     max_text_bytes: int = field(default=64 * 1024, metadata={"doc": "Most UTF-8 bytes of free text that is passed on but not stored: a turn's user message and agent reply, an event's `reason`, `turn_message`."})
-    max_negotiator_content_bytes: int = field(default=4 * 1024, metadata={"doc": "Most UTF-8 bytes of a negotiator `remember` content (and of a `forget` description)."})
+    max_negotiator_content_bytes: int = field(default=2 * 1024, metadata={"doc": "Most UTF-8 bytes of a negotiator `remember` content (and of a `forget` description); with the memories per user this bounds the user's negotiator row and an `ambiguous` forget reply."})
     max_negotiator_memories: int = field(default=100, metadata={"doc": "Most negotiator memories stored per user (a `remember` beyond it is refused with an error; forget one first)."})
     max_negotiator_forgotten: int = field(default=1000, metadata={"doc": "Forgotten negotiator memory ids (and their fingerprints) remembered per user; the oldest are dropped beyond it."})
     max_graph_nodes: int = field(default=500, metadata={"doc": "Most nodes in one graph's state (an event introducing one more is dead-lettered)."})

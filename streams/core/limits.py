@@ -57,7 +57,7 @@ class Limits:
     max_id_chars: int = 128
     max_label_chars: int = 128
     max_text_bytes: int = 64 * 1024
-    max_negotiator_content_bytes: int = 4 * 1024
+    max_negotiator_content_bytes: int = 2 * 1024
     max_negotiator_memories: int = 100
     max_negotiator_forgotten: int = 1000
     max_graph_nodes: int = 500

@@ -63,6 +63,7 @@ forget gets the same status and deletes nothing more.
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any, Iterable, Mapping
 
 from .ids import derive_id
@@ -71,6 +72,7 @@ from .limits import DEFAULT_LIMITS, LimitExceeded, Limits, check_bytes, check_id
 from .nodes import content_fingerprint
 from .similarity import normalize_text
 
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 REMEMBERABLE_KINDS: tuple[str, ...] = ("disclosure_rule", "playbook", "threshold")
 REPLY_MEMO_SIZE = 256
 #: memory refs ({id, kind} of a deleted or ambiguous match) kept in all memos of one user
@@ -189,6 +191,9 @@ def validate_remember(kind: Any, content: Any, limits: Limits = DEFAULT_LIMITS) 
         check_bytes("content", content, limits, "max_negotiator_content_bytes")
     except LimitExceeded as e:
         raise _limit_error(e) from None
+    bad = _CONTROL_RE.search(content)
+    if bad is not None:  # a stored control character costs 6 bytes of JSON (\u0001): none in a rule
+        raise NegotiatorError("invalid_content", f"content has the control character {bad.group()!r} at position {bad.start()}")
     return kind, content
 
 
