@@ -211,6 +211,8 @@ def register(rt: "Runtime") -> None:
         topic = event.message.topic
         if (problem := id_problem(key, limits)) is not None:  # before any state is touched
             code, what = problem
+            if key == "":
+                code = f"missing_{KEY_FIELD[topic]}"
             raise Rejected(f"{code}: key {what}", code)
         if record.get(KEY_FIELD[topic]) != key:
             raise Rejected(f"record {KEY_FIELD[topic]} {record.get(KEY_FIELD[topic])!r} differs from its key {key!r}",

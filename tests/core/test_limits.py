@@ -22,7 +22,7 @@ from streams.settings import Settings
 from .factories import candidate, event, formed
 
 SMALL = Limits(max_content_bytes=64, max_embedding_dims=4, max_extra_entries=2, max_extra_entry_bytes=10,
-               max_id_chars=8, max_label_chars=6, max_text_bytes=32, max_negotiator_content_bytes=16,
+               max_id_chars=16, max_label_chars=6, max_text_bytes=32, max_negotiator_content_bytes=16,
                max_negotiator_memories=2, max_negotiator_forgotten=2, max_graph_nodes=2, max_graph_labels=1,
                max_shadowed_seqs=3, max_ledger_shadowed_seqs=5, max_error_chars=10)
 
@@ -93,10 +93,10 @@ def test_labels(field):
 
 @pytest.mark.parametrize("field", ["candidate_id", "motebit_id", "supersedes", "session_id"])
 def test_candidate_ids_length(field):
-    ok = candidate(**{field: "a" * 8})
+    ok = candidate(**{field: "a" * 16})
     assert validate_candidate(ok, SMALL)[1] is None
-    _, rej = validate_candidate(candidate(**{field: "a" * 9}), SMALL)
-    assert rejected(rej, "limit.id_chars").startswith(f"{field} 'aaaaaaaaa' is 9 characters; MEMSTREAM_MAX_ID_CHARS is 8")
+    _, rej = validate_candidate(candidate(**{field: "a" * 17}), SMALL)
+    assert rejected(rej, "limit.id_chars") == f"{field} {'a' * 17!r} is 17 characters; MEMSTREAM_MAX_ID_CHARS is 16"
 
 
 @pytest.mark.parametrize("field", ["candidate_id", "motebit_id", "supersedes", "session_id"])
@@ -416,8 +416,8 @@ def test_graph_nodes_and_labels():
         graph_state.apply(st_, gev("notification_degraded", status="fast"), None, limits=SMALL)
     with pytest.raises(graph_state.GraphEventError, match="MEMSTREAM_MAX_LABEL_CHARS is 6"):
         graph_state.apply(st_, gev("node_dispatched", nodeId="b", agent="a" * 7), None, limits=SMALL)
-    with pytest.raises(graph_state.GraphEventError, match="MEMSTREAM_MAX_ID_CHARS is 8"):
-        graph_state.apply(st_, gev("phase_change", status="x"), None, event_id="e" * 9, limits=SMALL)
+    with pytest.raises(graph_state.GraphEventError, match="MEMSTREAM_MAX_ID_CHARS is 16"):
+        graph_state.apply(st_, gev("phase_change", status="x"), None, event_id="e" * 17, limits=SMALL)
 
 
 def test_graph_id_rule():
