@@ -73,7 +73,7 @@ def test_worker_keeps_the_ledger_and_dead_letters_every_violation(stack, unique)
             decode_errors.append(rec)
             continue
         assert rec["error_class"] in lifecycle.RULES and rec["reason"].startswith(rec["error_class"] + ": ")
-        assert rec["stage"] == ("validate" if rec["error_class"] == "event.session_mismatch" else "apply")
+        assert rec["stage"] == ("validate" if rec["error_class"] in ("event.session_mismatch", "event.over_limit") else "apply")
         seq = event_codec.decode(rec["original_value"])["seq"]  # the original record, verbatim
         got[m["key"].decode()][(rec["error_class"], seq)] += 1
     for s in sessions:
