@@ -217,6 +217,27 @@ def http_get(port: int, path: str, token: str | None = None) -> tuple[int, dict]
         return e.code, json.loads(e.read())
 
 
+def wait_caught_up(settings: Settings, group: str, topic: str, timeout: float = 120.0) -> None:
+    """Until consumer group `group` has committed the end of every partition of `topic` (the
+    worker waits for its outputs before it commits, so every output of those records is on the
+    broker). A topic written in transactions ends with a marker the group may not commit past:
+    read it with `read_to_end` (which stops at the consumer's position) instead."""
+    c = Consumer({"bootstrap.servers": settings.broker, "group.id": group, "enable.auto.commit": False, "log_level": 0})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        deadline = time.monotonic() + timeout
+        while True:
+            ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
+            committed = {tp.partition: tp.offset for tp in c.committed([TopicPartition(topic, p) for p in parts], timeout=10)}
+            lag = {p: end - max(committed[p], 0) for p, end in ends.items() if end - max(committed[p], 0) > 0}
+            if not lag:
+                return
+            assert time.monotonic() < deadline, f"group {group} still behind on {topic}: {lag}"
+            time.sleep(0.5)
+    finally:
+        c.close()
+
+
 def free_port() -> int:
     """A free port below 32768 (the kernel's ephemeral range starts there: a port it hands to an
     outgoing connection could be taken before the worker binds it), in this checkout's band."""

@@ -14,13 +14,18 @@ Every kind of bad record the decoders, the validation rules and the memory rules
   as an enum symbol the reader does not know: every reader enum has a default, so an unknown
   symbol resolves to 'unknown' and the rule catches it), a memory_pinned without `pinned`,
   validity ending before it starts, a negative reinforcement count, an invalid graph event;
+- limits and id rules (`streams/core/limits.py`): content one byte over MEMSTREAM_MAX_CONTENT_BYTES,
+  an embedding one dimension over MEMSTREAM_MAX_EMBEDDING_DIMS, a user id with `/` (which would
+  collide with another user's rows), a user id over MEMSTREAM_MAX_ID_CHARS, a session event with
+  a compaction id over MEMSTREAM_MAX_LABEL_CHARS, a graph or session id with `/` — each
+  dead-lettered with a reason naming the limit;
 - memory rules (`streams/core/process.py`): re-forming deleted content, or a deleted node id
   (dead-lettered without their value: deleted content is never copied anywhere).
 
 (`UnknownEnumSymbolError` cannot happen: every reader enum has a default. A candidate whose
 sensitivity is a symbol newer than the reader resolves to `secret` and is rejected on the ledger,
-fail closed; oversized records — 75 KB of content, 1024-dim embeddings — are valid: no rule
-limits their size. Both are in the valid stream and must get their decision.)
+fail closed; records exactly at the size limits — 16 KiB of content, 4096-dim embeddings — are
+valid. Both are in the valid stream and must get their decision.)
 
 The worker must keep running; every malformed record must be on pipeline.dlq.v1 exactly once
 (matched by its origin topic, partition and offset) with a reason, the expected stage and error
@@ -77,13 +82,14 @@ WITHHELD = {"deleted_content", "deleted_node"}  # dead letters that must not car
 class Item:
     """One record to produce: where it goes, what it is, what must become of it."""
 
-    __slots__ = ("topic", "key", "value", "kind", "stage", "error_class", "check", "partition", "offset", "order")
+    __slots__ = ("topic", "key", "value", "kind", "stage", "error_class", "check", "partition", "offset", "order", "reason_has")
 
     def __init__(self, topic: str, key: bytes | None, value: bytes | None, kind: str,
                  stage: str | None = None, error_class: str | None = None, check: tuple | None = None) -> None:
         self.topic, self.key, self.value, self.kind = topic, key, value, kind
         self.stage, self.error_class = stage, error_class  # None: a valid record
         self.check = check  # for valid records: what must be applied
+        self.reason_has: str | None = None  # for dead letters: a text their reason must contain
         self.partition = self.offset = None
         self.order = 0.0
 
@@ -421,8 +427,57 @@ class DataSet:
             bad(G, gid, self.with_writer("graph", graph_event(gid, un + i, "node_teleported")), "graph.invalid_event",
                 "unknown-enum-symbol:graph-event")
 
+        def over_limit(topic, key: str, record: dict, code: str, kind: str, reason_has: str):
+            item = bad(topic, key, self.enc(topic, record), code, kind)
+            item.reason_has = reason_has  # the reason names the limit's setting
+
+        def content_over(i):
+            user = self.user(i)
+            rec = candidate(user, f"{u}-fat-{i}", un + i, "x" * (16 * 1024 + 1))
+            over_limit(C, user, rec, "limit.content_bytes", "limit.content_bytes",
+                       "content is 16385 bytes; MEMSTREAM_MAX_CONTENT_BYTES is 16384")
+
+        def embedding_over(i):
+            user = self.user(i)
+            rec = candidate(user, f"{u}-wide-{i}", un + i, f"Wide {i}", embedding=[0.25] * 4097)
+            over_limit(C, user, rec, "limit.embedding_dims", "limit.embedding_dims",
+                       "embedding is 4097 dimensions; MEMSTREAM_MAX_EMBEDDING_DIMS is 4096")
+
+        def user_with_slash(i):  # would collide with the rows of self.user(i)
+            user = f"{self.user(i)}/x{i % 7}"
+            over_limit(C, user, candidate(user, f"{u}-slash-{i}", un + i, f"Slash {i}"), "invalid_id",
+                       "invalid_id:motebit_id", "has '/' at position")
+
+        def user_too_long(i):
+            user = f"u{i % 5}" + "x" * 200
+            over_limit(C, user, candidate(user, f"{u}-long-{i}", un + i, f"Long {i}"), "limit.id_chars",
+                       "limit.id_chars:motebit_id", "MEMSTREAM_MAX_ID_CHARS is 128")
+
+        def session_label_over(i):
+            sid = f"s-fat-{u}-{i}"
+            rec = {**session_event(sid, 1, un + i), "type": "compaction/start",
+                   "data": {"compactionId": "c" * 200, "sourceCommandId": None, "turn": None}}
+            over_limit(S, sid, rec, "event.over_limit", "event.over_limit",
+                       "compactionId is 200 characters; MEMSTREAM_MAX_LABEL_CHARS is 128")
+
+        def session_id_slash(i):
+            sid = f"s-{u}/{i}"
+            over_limit(S, sid, session_event(sid, 1, un + i), "invalid_id", "invalid_id:session", "has '/'")
+
+        def graph_id_slash(i):
+            gid = f"g-{u}/{i % 11}"
+            over_limit(G, gid, graph_event(gid, un + i, "phase_change", "executing"), "invalid_id",
+                       "invalid_id:graph", "has '/'")
+
         nan = float("nan")
         return {
+            "limit.content_bytes": content_over,
+            "limit.embedding_dims": embedding_over,
+            "invalid_id:motebit_id": user_with_slash,
+            "limit.id_chars:motebit_id": user_too_long,
+            "event.over_limit": session_label_over,
+            "invalid_id:session": session_id_slash,
+            "invalid_id:graph": graph_id_slash,
             "missing_sensitivity": cand("missing_sensitivity", sensitivity=None),
             "empty_content": cand("empty_content", content="   "),
             "missing_candidate_id": lambda i: bad(C, self.user(i), self.enc(C, candidate(
@@ -493,10 +548,11 @@ class DataSet:
             rec = candidate(user, f"{u}-ok-{i}", un + i, f"Fact {i}: {self.rng.random():.12f} about {user}")
             fmt = WireFormat.SINGLE_OBJECT if i % 5 == 0 else None
             self.add(self.valid(C, user, self.enc(C, rec, fmt), ("decision", user, rec["candidate_id"], None)))
-        for i in range(12):  # oversized but valid: no size rule, so they are consolidated like any other
+        for i in range(12):  # exactly at the size limits: valid, consolidated like any other
             user = self.user(i)
-            rec = candidate(user, f"{u}-big-{i}", un + i, f"Big {i} " + " ".join(f"w{i}x{j}" for j in range(8_000)),
-                            embedding=[self.rng.uniform(-1, 1) for _ in range(1024)])
+            text = f"Big {i} " + " ".join(f"w{i}x{j}" for j in range(3_000))
+            rec = candidate(user, f"{u}-big-{i}", un + i, text[:16 * 1024].ljust(16 * 1024, "z"),
+                            embedding=[self.rng.uniform(-1, 1) for _ in range(4096)])
             self.add(self.valid(C, user, rec, ("decision", user, rec["candidate_id"], None), "valid:oversized"))
         for i in range(60):  # a sensitivity symbol newer than the reader: resolves to 'secret' (fail closed)
             user = self.user(i)
@@ -646,6 +702,8 @@ def test_ten_thousand_malformed_records_of_every_kind_are_dead_lettered_and_vali
                             f"({d['reason'][:120]})")
         if not d["reason"] or d["_headers"].get("__connect.errors.exception.class.name") != it.error_class.encode():
             problems.append(f"{it.kind}: no reason / wrong Connect header")
+        if it.reason_has and it.reason_has not in d["reason"]:
+            problems.append(f"{it.kind}: reason {d['reason'][:200]!r} does not name {it.reason_has}")
         want_value = None if it.error_class in WITHHELD else it.value
         if d["original_key"] != it.key or d["_key"] != it.key or d["original_value"] != want_value:
             problems.append(f"{it.kind}: original key/value not kept as sent")

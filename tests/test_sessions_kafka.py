@@ -12,8 +12,7 @@ import pytest
 from streams import catalog
 from streams.sessions import lifecycle, samples
 
-from .kafka_util import codecs, free_port, http_get, produce, read_to_end, worker
-from .test_shipper_kafka import wait_caught_up
+from .kafka_util import codecs, free_port, http_get, produce, read_to_end, wait_caught_up, worker
 
 pytestmark = pytest.mark.kafka
 
@@ -73,7 +72,7 @@ def test_worker_keeps_the_ledger_and_dead_letters_every_violation(stack, unique)
             decode_errors.append(rec)
             continue
         assert rec["error_class"] in lifecycle.RULES and rec["reason"].startswith(rec["error_class"] + ": ")
-        assert rec["stage"] == ("validate" if rec["error_class"] == "event.session_mismatch" else "apply")
+        assert rec["stage"] == ("validate" if rec["error_class"] in ("event.session_mismatch", "event.over_limit") else "apply")
         seq = event_codec.decode(rec["original_value"])["seq"]  # the original record, verbatim
         got[m["key"].decode()][(rec["error_class"], seq)] += 1
     for s in sessions:

@@ -18,6 +18,7 @@ from .. import catalog, effects
 from ..analytics import classify_graph_budget
 from ..http import authenticated
 from ..app import Rejected
+from ..core.limits import id_problem
 from ..graphs import state as graph_state
 
 if TYPE_CHECKING:
@@ -30,17 +31,22 @@ SOURCES = [catalog.GRAPH_EVENTS]
 def register(rt: "Runtime") -> None:
     app, s = rt.app, rt.settings
     table = rt.table("graph-state")
+    limits = s.limits()
 
     async def handle(event, key: str, record: dict) -> None:
+        if (problem := id_problem(key, limits)) is not None:  # the key is the table key: never stored
+            code, what = problem
+            raise Rejected(f"{code}: key {what}", code)
         if record.get("graphId") != key:
             raise Rejected(f"record graphId {record.get('graphId')!r} differs from its key {key!r}", "graph.key_mismatch")
         headers = dict(event.message.headers or [])
         event_id = headers.get(EVENT_ID_HEADER)
         old = effects.read(table, key)
         try:
-            new = graph_state.apply(old, record, s.graph_stall_ms, event_id=event_id.decode() if event_id else None)
+            new = graph_state.apply(old, record, s.graph_stall_ms,
+                                    event_id=event_id.decode(errors="replace") if event_id else None, limits=limits)
         except graph_state.GraphEventError as exc:
-            raise Rejected(str(exc), "graph.invalid_event") from None
+            raise Rejected(str(exc), exc.code) from None
         if new is old:
             rt.count("duplicate:graph.events.v1")
             return

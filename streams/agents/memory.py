@@ -55,7 +55,15 @@ from ..core import (
 from ..analytics import classify_outcome
 from ..core.audit import audit_turn
 from ..core.housekeeping import HousekeepingPolicy, sweep_memory
-from ..core.negotiator import forget_result_of, forgotten_fingerprints, handle_request, nodes_to_forget
+from ..core.ingest import validate_turn
+from ..core.limits import LimitExceeded, check_id, id_problem
+from ..core.negotiator import (
+    forget_result_of,
+    forgotten_fingerprints,
+    handle_request,
+    nodes_to_forget,
+    validate_request,
+)
 from ..core.redaction import relay_events, threshold_for
 from ..core.state import SEEN_CHUNK_KEY
 from ..deadletter import STAGE_APPLY, STAGE_VALIDATE
@@ -249,10 +257,16 @@ def register(rt: "Runtime") -> None:
     app = rt.app
     store = MemoryStore(rt)
     consolidation, promotion = policies(rt)
+    limits = rt.settings.limits()
     retention = HousekeepingPolicy()
 
     async def apply(event, key: str, record: dict) -> None:
         topic = event.message.topic
+        if (problem := id_problem(key, limits)) is not None:  # before any state is touched
+            code, what = problem
+            if key == "":
+                code = f"missing_{KEY_FIELD[topic]}"
+            raise Rejected(f"{code}: key {what}", code)
         if record.get(KEY_FIELD[topic]) != key:
             raise Rejected(f"record {KEY_FIELD[topic]} {record.get(KEY_FIELD[topic])!r} differs from its key {key!r}",
                            "memory.key_mismatch")
@@ -266,9 +280,9 @@ def register(rt: "Runtime") -> None:
         if topic == catalog.MEMORY_TURNS:
             out = audit(um, record)
         elif topic == catalog.MEMORY_CANDIDATES:
-            out = process_candidate(um, record, consolidation, promotion)
+            out = process_candidate(um, record, consolidation, promotion, limits=limits)
         else:
-            out = process_event(um, record, consolidation, promotion)
+            out = process_event(um, record, consolidation, promotion, limits=limits)
         for rej in out.dead_letters:
             await rt.dead_letter(event, STAGE_VALIDATE, f"{rej.code}: {rej.detail}", rej.code,
                                  keep_value=not rej.redact_value)
@@ -301,6 +315,9 @@ def register(rt: "Runtime") -> None:
 
     def audit(um: UserMemory, turn: dict) -> Outcome:
         """memory.turns.v1: the missed-memory audit (local-only: never reaches the relay)."""
+        rej = validate_turn(turn, limits)
+        if rej is not None:
+            return Outcome(rejections=[rej])
         seen_key = "t:" + turn["turn_id"]
         if seen_key in um.seen:
             um.seen.duplicates += 1
@@ -312,7 +329,11 @@ def register(rt: "Runtime") -> None:
     async def negotiate(key: str, request: dict, um: UserMemory) -> None:
         """negotiator.requests.v1 → negotiator.replies.v1; a forget also deletes the user's
         memory nodes holding the forgotten content (and they can never re-form)."""
-        state, reply = handle_request(effects.read(store.negotiator, key), request, rt.settings.negotiator_write_enabled)
+        rej = validate_request(request, limits)  # ids and sizes that a reply or the memo would carry
+        if rej is not None:
+            raise Rejected(f"{rej.code}: {rej.detail}", rej.code)
+        state, reply = handle_request(effects.read(store.negotiator, key), request,
+                                      rt.settings.negotiator_write_enabled, limits)
         await rt.send(catalog.NEGOTIATOR_REPLIES, key, reply)
         effects.write(store.negotiator, key, state)
         rt.count(f"negotiator:{request.get('op')}")
@@ -437,7 +458,12 @@ def register(rt: "Runtime") -> None:
         async def post(self, request: Request, user_id: str, allowed: str) -> Response:
             try:
                 body = await self.json_body(request)
+                check_id("user_id", user_id, limits)
+                if body.get("requestId") is not None:
+                    check_id("requestId", str(body.get("requestId")), limits)
             except BadRequest as exc:
+                return self.error(400, str(exc))
+            except LimitExceeded as exc:
                 return self.error(400, str(exc))
             return await self.route(request, store.negotiator, user_id, lambda: self._local(user_id, body))
 

@@ -9,8 +9,10 @@ table's changelog partition is the source partition). For each event:
   is therefore caught by the lifecycle itself (rule `event.session_mismatch`): it is dead-lettered
   with that rule id and counted in the session's `violationCount`, exactly as
   `lifecycle.replay` of the session's events counts it, and it changes nothing else;
+- a key (session id) against the id rules (streams/core/limits.py) is dead-lettered before the
+  table is read;
 - every violation `step` reports becomes one dead letter (stage `apply`, or `validate` for a
-  session mismatch; `error_class` = the rule id, `reason` = "rule: message"). A violation never
+  session mismatch or an event over an input limit, `event.over_limit`; `error_class` = the rule id, `reason` = "rule: message"). A violation never
   stops the ledger: the new state is kept and the session continues;
 - a redelivered event (`seq <= lastSeq` with the fingerprint the state remembers for that seq:
   `step` returns the same state object) is counted as a duplicate and produces nothing; an old
@@ -35,6 +37,8 @@ from faust.web import Request, Response
 
 from .. import catalog, deadletter, effects
 from ..analytics import classify_compaction
+from ..app import Rejected
+from ..core.limits import id_problem
 from ..http import authenticated
 from ..sessions import lifecycle
 
@@ -44,21 +48,26 @@ if TYPE_CHECKING:
 SOURCES = [catalog.SESSION_EVENTS]
 TABLE = "session-ledger"
 SESSION_MISMATCH = "event.session_mismatch"
+VALIDATE_RULES = (SESSION_MISMATCH, "event.over_limit")
 
 
 def register(rt: "Runtime") -> None:
     app = rt.app
     table = rt.table(TABLE)
+    limits = rt.settings.limits()
 
     async def handle(event, key: str, record: dict) -> None:
+        if (problem := id_problem(key, limits)) is not None:  # the key is the table key: never stored
+            code, what = problem
+            raise Rejected(f"{code}: key {what}", code)
         old = effects.read(table, key)
         base = old if old is not None else lifecycle.new_state(key)
-        new, violations = lifecycle.step(base, record)
+        new, violations = lifecycle.step(base, record, limits)
         if new is base and not violations:
             rt.count(f"duplicate:{catalog.SESSION_EVENTS}")
             return
         for v in violations:
-            stage = deadletter.STAGE_VALIDATE if v.rule == SESSION_MISMATCH else deadletter.STAGE_APPLY
+            stage = deadletter.STAGE_VALIDATE if v.rule in VALIDATE_RULES else deadletter.STAGE_APPLY
             await rt.dead_letter(event, stage=stage, reason=str(v), error_class=v.rule)
             rt.count(f"violation:{v.rule}")
         if old is None or new["record"] != old["record"]:

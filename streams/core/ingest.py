@@ -10,7 +10,13 @@ Validation never raises on bad data: it returns a :class:`Rejection` with a mach
   an unknown ``event_type`` or consolidation ``action`` are rejected;
 * an unknown ``source`` degrades to absent (``None``) — never a rejection;
 * an embedding that is not a list of finite numbers is rejected; an all-zero one is
-  treated as absent (cosine is undefined for it).
+  treated as absent (cosine is undefined for it);
+* sizes and ids (:mod:`streams.core.limits`): every id must follow the id rules (allowed
+  characters, at most ``max_id_chars``), content, embedding dimensions, ``extra`` entries, short
+  labels (``kind``, ``frontmatter_type``) and free text (reasons, turn messages) must be within
+  their :class:`~streams.core.limits.Limits` — over a limit is a rejection whose code is
+  ``limit.<name>`` and whose reason names the limit and its setting. A reason never quotes more
+  than a few dozen characters of any input.
 
 De-duplication (:class:`DedupWindow`): ids are remembered per user in a bounded window —
 at most ``max_ids`` ids and only those within ``horizon_ms`` of the newest timestamp seen.
@@ -37,6 +43,16 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from .limits import (
+    DEFAULT_LIMITS,
+    LimitExceeded,
+    Limits,
+    check_bytes,
+    check_chars,
+    check_count,
+    check_id,
+    quote,
+)
 from .similarity import usable_embedding
 from .vocabulary import (
     EVENT_TYPES,
@@ -100,6 +116,13 @@ class Invalid(Exception):
         self.rejection = Rejection(code, detail)
 
 
+def _rejection(exc: Exception) -> Rejection:
+    if isinstance(exc, LimitExceeded):
+        return Rejection(exc.code, exc.detail)
+    assert isinstance(exc, Invalid)
+    return exc.rejection
+
+
 # --------------------------------------------------------------------------------------------
 # Field readers
 # --------------------------------------------------------------------------------------------
@@ -119,6 +142,24 @@ def _opt_str(d: Mapping[str, Any], key: str) -> str | None:
     if not isinstance(v, str):
         raise Invalid(f"invalid_{key}", f"{key} must be a string, got {type(v).__name__}")
     return v
+
+
+def _req_id(d: Mapping[str, Any], key: str, limits: Limits) -> str:
+    return check_id(key, _req_str(d, key), limits)
+
+
+def _opt_id(d: Mapping[str, Any], key: str, limits: Limits) -> str | None:
+    v = _opt_str(d, key)
+    return None if v is None or v == "" else check_id(key, v, limits)
+
+
+def _opt_label(d: Mapping[str, Any], key: str, limits: Limits) -> str | None:
+    v = _opt_str(d, key)
+    return None if v is None else check_chars(key, v, limits, "max_label_chars")
+
+
+def _text(key: str, v: str, limits: Limits) -> str:
+    return check_bytes(key, v, limits, "max_text_bytes")
 
 
 def _as_int(v: Any) -> int | None:
@@ -152,7 +193,7 @@ def _sensitivity(d: Mapping[str, Any], key: str = "sensitivity") -> str:
     if v is None:
         raise Invalid("missing_sensitivity", "sensitivity is required (fail closed: never defaulted)")
     if not is_sensitivity(v):
-        raise Invalid("invalid_sensitivity", f"sensitivity {v!r} is not a SensitivityLevel")
+        raise Invalid("invalid_sensitivity", f"sensitivity {quote(v)} is not a SensitivityLevel")
     return v
 
 
@@ -169,12 +210,14 @@ def _confidence(d: Mapping[str, Any], key: str, required: bool) -> float | None:
     return float(v)
 
 
-def _embedding(d: Mapping[str, Any]) -> list[float] | None:
+def _embedding(d: Mapping[str, Any], limits: Limits) -> list[float] | None:
     v = d.get("embedding")
     if v is None:
         return None
     if isinstance(v, (str, bytes, Mapping)):
         raise Invalid("invalid_embedding", "embedding must be an array of floats")
+    if hasattr(v, "__len__"):  # before converting: a huge array is refused unread
+        check_count("embedding", len(v), limits, "max_embedding_dims", "dimensions")
     try:
         values = [float(x) for x in v]
         if any(isinstance(x, bool) for x in v):
@@ -191,43 +234,55 @@ def _embedding(d: Mapping[str, Any]) -> list[float] | None:
 # --------------------------------------------------------------------------------------------
 
 
-def validate_candidate(raw: Any) -> tuple[dict[str, Any] | None, Rejection | None]:
+def _extra(raw: Mapping[str, Any], limits: Limits) -> list[str] | None:
+    extra = raw.get("extra")
+    if extra is None:
+        return None
+    if isinstance(extra, (str, bytes, Mapping)) or not hasattr(extra, "__iter__"):
+        raise Invalid("invalid_extra", "extra must be an array of strings")
+    if hasattr(extra, "__len__"):
+        check_count("extra", len(extra), limits, "max_extra_entries")
+    # non-string items are not header lines: the hint parser ignores them (never an error)
+    lines = [x for x in extra if isinstance(x, str)]
+    check_count("extra", len(lines), limits, "max_extra_entries")
+    for i, line in enumerate(lines):
+        check_bytes(f"extra[{i}]", line, limits, "max_extra_entry_bytes")
+    return lines
+
+
+def validate_candidate(raw: Any, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str, Any] | None, Rejection | None]:
     """(normalized candidate with every CandidateMemory field, None) or (None, Rejection)."""
     try:
         if not isinstance(raw, Mapping):
             raise Invalid("not_a_record", "candidate is not a record")
         cand: dict[str, Any] = {
-            "candidate_id": _req_str(raw, "candidate_id"),
-            "motebit_id": _req_str(raw, "motebit_id"),
+            "candidate_id": _req_id(raw, "candidate_id", limits),
+            "motebit_id": _req_id(raw, "motebit_id", limits),
         }
         content = raw.get("content")
         if not isinstance(content, str) or not content.strip():
             raise Invalid("empty_content", "content is missing or empty")
-        cand["content"] = content
+        cand["content"] = check_bytes("content", content, limits, "max_content_bytes")
         cand["sensitivity"] = _sensitivity(raw)
         cand["source"] = normalize_source(raw.get("source"))
         mt = raw.get("memory_type")
         if mt is None:
             mt = "semantic"
         if mt not in MEMORY_TYPES:
-            raise Invalid("invalid_memory_type", f"memory_type {mt!r} is not episodic|semantic")
+            raise Invalid("invalid_memory_type", f"memory_type {quote(mt)} is not episodic|semantic")
         cand["memory_type"] = mt
         cand["confidence"] = _confidence(raw, "confidence", required=False)
         cand["valid_from"] = _opt_int(raw, "valid_from")
         cand["timestamp"] = _req_int(raw, "timestamp")
-        cand["embedding"] = _embedding(raw)
-        cand["frontmatter_type"] = _opt_str(raw, "frontmatter_type")
-        extra = raw.get("extra")
-        if extra is not None and (isinstance(extra, (str, bytes, Mapping)) or not hasattr(extra, "__iter__")):
-            raise Invalid("invalid_extra", "extra must be an array of strings")
-        # non-string items are not header lines: the hint parser ignores them (never an error)
-        cand["extra"] = [x for x in extra if isinstance(x, str)] if extra is not None else None
-        cand["supersedes"] = _opt_str(raw, "supersedes")
-        cand["kind"] = _opt_str(raw, "kind")
-        cand["session_id"] = _opt_str(raw, "session_id")
+        cand["embedding"] = _embedding(raw, limits)
+        cand["frontmatter_type"] = _opt_label(raw, "frontmatter_type", limits)
+        cand["extra"] = _extra(raw, limits)
+        cand["supersedes"] = _opt_id(raw, "supersedes", limits)
+        cand["kind"] = _opt_label(raw, "kind", limits)
+        cand["session_id"] = _opt_id(raw, "session_id", limits)
         return cand, None
-    except Invalid as e:
-        return None, e.rejection
+    except (Invalid, LimitExceeded) as e:
+        return None, _rejection(e)
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,12 +290,12 @@ def validate_candidate(raw: Any) -> tuple[dict[str, Any] | None, Rejection | Non
 # --------------------------------------------------------------------------------------------
 
 
-def _payload(event_type: str, p: Mapping[str, Any]) -> dict[str, Any]:
+def _payload(event_type: str, p: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
     if event_type == "memory_formed":
         redacted = p.get("redacted") is True
         reason = p.get("redacted_reason")
         out = {
-            "node_id": _req_str(p, "node_id"),
+            "node_id": _req_id(p, "node_id", limits),
             "content": p.get("content"),
             "sensitivity": _sensitivity(p),
             "source": normalize_source(p.get("source")),
@@ -252,6 +307,7 @@ def _payload(event_type: str, p: Mapping[str, Any]) -> dict[str, Any]:
         }
         if not isinstance(out["content"], str) or (not out["content"].strip() and not redacted):
             raise Invalid("empty_content", "memory_formed content is missing or empty")
+        check_bytes("content", out["content"], limits, "max_content_bytes")
         if (
             out["valid_from"] is not None
             and out["valid_until"] is not None
@@ -260,22 +316,22 @@ def _payload(event_type: str, p: Mapping[str, Any]) -> dict[str, Any]:
             raise Invalid("invalid_validity", "valid_until is before valid_from")
         return out
     if event_type in ("memory_accessed", "memory_deleted"):
-        return {"node_id": _req_str(p, "node_id")}
+        return {"node_id": _req_id(p, "node_id", limits)}
     if event_type == "memory_pinned":
         pinned = p.get("pinned")
         if not isinstance(pinned, bool):
             raise Invalid("invalid_pinned", "memory_pinned needs a boolean pinned")
-        return {"node_id": _req_str(p, "node_id"), "pinned": pinned}
+        return {"node_id": _req_id(p, "node_id", limits), "pinned": pinned}
     if event_type == "memory_consolidated":
         action = try_normalize_action(p.get("action"))
         if action is None:
-            raise Invalid("unknown_action", f"consolidation action {p.get('action')!r} is not in either vocabulary")
+            raise Invalid("unknown_action", f"consolidation action {quote(p.get('action'))} is not in either vocabulary")
         reason = p.get("reason")
         return {
             "action": action,
-            "existing_node_id": _opt_str(p, "existing_node_id"),
-            "new_node_id": _opt_str(p, "new_node_id"),
-            "reason": reason if isinstance(reason, str) else "",
+            "existing_node_id": _opt_id(p, "existing_node_id", limits),
+            "new_node_id": _opt_id(p, "new_node_id", limits),
+            "reason": _text("reason", reason, limits) if isinstance(reason, str) else "",
             "superseded_valid_until": _opt_int(p, "superseded_valid_until"),
         }
     if event_type == "memory_audit":
@@ -284,27 +340,30 @@ def _payload(event_type: str, p: Mapping[str, Any]) -> dict[str, Any]:
             patterns = []
         if isinstance(patterns, (str, bytes)) or not all(isinstance(x, str) for x in patterns):
             raise Invalid("invalid_missed_patterns", "missed_patterns must be an array of strings")
+        check_count("missed_patterns", len(patterns), limits, "max_extra_entries")
+        for i, pattern in enumerate(patterns):
+            check_bytes(f"missed_patterns[{i}]", pattern, limits, "max_extra_entry_bytes")
         msg = p.get("turn_message")
         if not isinstance(msg, str):
             raise Invalid("missing_turn_message", "memory_audit needs turn_message")
-        return {"missed_patterns": list(patterns), "turn_message": msg}
+        return {"missed_patterns": list(patterns), "turn_message": _text("turn_message", msg, limits)}
     if event_type == "memory_promoted":
         rc = _as_int(p.get("reinforcement_count"))
         if rc is None or rc < 0:
             raise Invalid("invalid_reinforcement_count", "reinforcement_count must be a non-negative integer")
         reason = p.get("reason")
         return {
-            "node_id": _req_str(p, "node_id"),
+            "node_id": _req_id(p, "node_id", limits),
             "from_confidence": _confidence(p, "from_confidence", required=True),
             "to_confidence": _confidence(p, "to_confidence", required=True),
             "reinforcement_count": rc,
-            "reason": reason if isinstance(reason, str) else "",
+            "reason": _text("reason", reason, limits) if isinstance(reason, str) else "",
         }
     # memory_decayed: reserved, no payload shape may be assumed (seed)
     return {}
 
 
-def validate_event(raw: Any) -> tuple[dict[str, Any] | None, Rejection | None]:
+def validate_event(raw: Any, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str, Any] | None, Rejection | None]:
     """(normalized MemoryEvent dict, None) or (None, Rejection).
 
     Normalization: source degraded to absent when unknown, consolidation actions rewritten
@@ -314,24 +373,53 @@ def validate_event(raw: Any) -> tuple[dict[str, Any] | None, Rejection | None]:
             raise Invalid("not_a_record", "event is not a record")
         event_type = raw.get("event_type")
         if event_type not in EVENT_TYPES:
-            raise Invalid("unknown_event_type", f"event_type {event_type!r} is not a memory event type")
+            raise Invalid("unknown_event_type", f"event_type {quote(event_type)} is not a memory event type")
         payload = raw.get("payload")
         if payload is None and event_type == "memory_decayed":
             payload = {}
         if not isinstance(payload, Mapping):
             raise Invalid("missing_payload", "payload is missing or not a record")
         event = {
-            "event_id": _req_str(raw, "event_id"),
-            "motebit_id": _req_str(raw, "motebit_id"),
-            "device_id": _opt_str(raw, "device_id"),
+            "event_id": _req_id(raw, "event_id", limits),
+            "motebit_id": _req_id(raw, "motebit_id", limits),
+            "device_id": _opt_id(raw, "device_id", limits),
             "timestamp": _req_int(raw, "timestamp"),
             "version_clock": _req_int(raw, "version_clock"),
             "event_type": event_type,
-            "payload": _payload(event_type, payload),
+            "payload": _payload(event_type, payload, limits),
         }
         return event, None
-    except Invalid as e:
-        return None, e.rejection
+    except (Invalid, LimitExceeded) as e:
+        return None, _rejection(e)
+
+
+def validate_turn(raw: Any, limits: Limits = DEFAULT_LIMITS) -> Rejection | None:
+    """None when a UserTurn (``memory.turns.v1``) is within the limits and its ids follow the
+    id rules, else the Rejection. (The audit reads nothing else that could grow its output:
+    the ``memory_audit`` event is bounded by the message size.)"""
+    try:
+        if not isinstance(raw, Mapping):
+            raise Invalid("not_a_record", "turn is not a record")
+        _req_id(raw, "turn_id", limits)
+        _req_id(raw, "motebit_id", limits)
+        _req_int(raw, "timestamp")
+        msg = raw.get("user_message")
+        if not isinstance(msg, str):
+            raise Invalid("missing_user_message", "user_message is missing")
+        _text("user_message", msg, limits)
+        reply = raw.get("agent_reply")
+        if isinstance(reply, str):
+            _text("agent_reply", reply, limits)
+        tagged = raw.get("tagged_memories") or []
+        if isinstance(tagged, (str, bytes)) or not hasattr(tagged, "__len__"):
+            raise Invalid("invalid_tagged_memories", "tagged_memories must be an array of strings")
+        check_count("tagged_memories", len(tagged), limits, "max_extra_entries")
+        for i, t in enumerate(tagged):
+            if isinstance(t, str):
+                check_bytes(f"tagged_memories[{i}]", t, limits, "max_content_bytes")
+        return None
+    except (Invalid, LimitExceeded) as e:
+        return _rejection(e)
 
 
 # --------------------------------------------------------------------------------------------

@@ -44,6 +44,16 @@ forget — always honoured, write flag or not
     joins ``forgotten_fingerprints`` so the shell also deletes the matching memory node(s)
     (:func:`nodes_to_forget`) and the core never re-forms that content.
 
+Bounds (:class:`~streams.core.limits.Limits`): the state row of a user holds at most
+``max_negotiator_memories`` memories of at most ``max_negotiator_content_bytes`` each (a
+``remember`` beyond either is refused with a ``limit.*`` error naming the setting; a forget
+makes room), at most ``max_negotiator_forgotten`` forgotten ids and fingerprints (the oldest
+are dropped: a re-delivery that old is outside Kafka's replay window), and a reply memo of at
+most :data:`REPLY_MEMO_SIZE` entries holding at most :data:`REPLY_MEMO_REFS` memory refs in
+all. Ids (``user_id``, ``request_id``, ``sessionId``, ``memoryId``) follow the id rules
+(:func:`validate_request`, checked by the shell before the state is read: an invalid one is
+dead-lettered, since the reply and the memo would carry it).
+
 Replays (:func:`handle_request`, what the shell calls): ``remember`` is idempotent by its
 derived id; forget results and errors are memoised per ``request_id`` (the last
 :data:`REPLY_MEMO_SIZE` per user, ids and kinds only — never content), so a re-delivered
@@ -53,15 +63,20 @@ forget gets the same status and deletes nothing more.
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any, Iterable, Mapping
 
 from .ids import derive_id
-from .ingest import REDACTED_CONTENT
+from .ingest import REDACTED_CONTENT, Rejection
+from .limits import DEFAULT_LIMITS, LimitExceeded, Limits, check_bytes, check_id, quote
 from .nodes import content_fingerprint
 from .similarity import normalize_text
 
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 REMEMBERABLE_KINDS: tuple[str, ...] = ("disclosure_rule", "playbook", "threshold")
 REPLY_MEMO_SIZE = 256
+#: memory refs ({id, kind} of a deleted or ambiguous match) kept in all memos of one user
+REPLY_MEMO_REFS = 2048
 ID_ROLE = "negotiator_memory"
 
 
@@ -135,7 +150,31 @@ def nodes_to_forget(nodes: Iterable[Mapping[str, Any]], fingerprints: Iterable[s
 # --------------------------------------------------------------------------------------------
 
 
-def validate_remember(kind: Any, content: Any) -> tuple[str, str]:
+def validate_request(request: Any, limits: Limits = DEFAULT_LIMITS) -> Rejection | None:
+    """None when the request's ids follow the id rules, else the Rejection (dead letter).
+    Content and description sizes are checked by :func:`handle_request` (a reply error)."""
+    if not isinstance(request, Mapping):
+        return Rejection("not_a_record", "negotiator request is not a record")
+    try:
+        for field in ("user_id", "request_id"):
+            v = request.get(field)
+            if not isinstance(v, str) or not v:
+                return Rejection(f"missing_{field}", f"{field} is missing or empty")
+            check_id(field, v, limits)
+        for field in ("sessionId", "memoryId"):
+            v = request.get(field)
+            if v is not None and v != "":
+                check_id(field, v, limits)
+    except LimitExceeded as e:
+        return Rejection(e.code, e.detail)
+    return None
+
+
+def _limit_error(e: LimitExceeded) -> NegotiatorError:
+    return NegotiatorError(e.code, e.detail)
+
+
+def validate_remember(kind: Any, content: Any, limits: Limits = DEFAULT_LIMITS) -> tuple[str, str]:
     if kind not in REMEMBERABLE_KINDS:
         if kind == "counterparty_dossier":
             raise NegotiatorError(
@@ -143,11 +182,19 @@ def validate_remember(kind: Any, content: Any) -> tuple[str, str]:
                 "counterparty_dossier memories are distilled from negotiation transcripts, not dictated",
             )
         raise NegotiatorError(
-            "kind_not_rememberable", f"kind {kind!r} is not one of {', '.join(REMEMBERABLE_KINDS)}"
+            "kind_not_rememberable", f"kind {quote(kind)} is not one of {', '.join(REMEMBERABLE_KINDS)}"
         )
     if not isinstance(content, str) or not content.strip():
         raise NegotiatorError("empty_content", "content is missing or empty")
-    return kind, content.strip()
+    content = content.strip()
+    try:
+        check_bytes("content", content, limits, "max_negotiator_content_bytes")
+    except LimitExceeded as e:
+        raise _limit_error(e) from None
+    bad = _CONTROL_RE.search(content)
+    if bad is not None:  # a stored control character costs 6 bytes of JSON (\u0001): none in a rule
+        raise NegotiatorError("invalid_content", f"content has the control character {bad.group()!r} at position {bad.start()}")
+    return kind, content
 
 
 def remember(
@@ -159,11 +206,14 @@ def remember(
     write_enabled: bool,
     request_id: str,
     now_ms: int,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> tuple[dict[str, Any], dict[str, str] | None]:
     """Store a standing rule the client just stated. Returns ``(state, view)``, ``view``
     None when writes are disabled (state unchanged). Raises :class:`NegotiatorError` for a
-    kind that cannot be remembered or empty content (see the module doc)."""
-    kind, content = validate_remember(kind, content)
+    kind that cannot be remembered, empty content, content over
+    ``max_negotiator_content_bytes`` or a store already holding ``max_negotiator_memories``
+    (see the module doc)."""
+    kind, content = validate_remember(kind, content, limits)
     s = _ensure(state, user_id)
     if not write_enabled:
         return s, None
@@ -175,6 +225,12 @@ def remember(
         return s, view_of(existing)
     if mid in s["forgotten"]:  # re-delivered after it was forgotten: answer as before, store nothing
         return s, {"id": mid, "kind": kind, "content": content}
+    if len(s["memories"]) >= limits.max_negotiator_memories:
+        raise NegotiatorError(
+            "limit.negotiator_memories",
+            f"{len(s['memories'])} memories are stored; MEMSTREAM_MAX_NEGOTIATOR_MEMORIES is "
+            f"{limits.max_negotiator_memories} (forget one first)",
+        )
     s["memories"][mid] = {
         "id": mid,
         "kind": kind,
@@ -218,9 +274,16 @@ def forget(
     description: str | None = None,
     *,
     now_ms: int = 0,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Delete a memory by id or by description; always honoured (no write flag). Returns
-    ``(state, result)`` with ``result`` the seed's ``NegotiatorMemoryForgetResult``."""
+    ``(state, result)`` with ``result`` the seed's ``NegotiatorMemoryForgetResult``. A
+    description over ``max_negotiator_content_bytes`` raises :class:`NegotiatorError`."""
+    if description:
+        try:
+            check_bytes("description", description, limits, "max_negotiator_content_bytes")
+        except LimitExceeded as e:
+            raise _limit_error(e) from None
     s = _ensure(state, user_id)
     memories = s["memories"]
     if memory_id:
@@ -235,7 +298,19 @@ def forget(
     fp = gone.get("content_fingerprint") or content_fingerprint(gone["content"])
     s["forgotten"][gone["id"]] = {"content_fingerprint": fp, "forgotten_at": int(now_ms)}
     s["forgotten_fingerprints"] = sorted(set(s["forgotten_fingerprints"]) | {fp})
+    _trim_forgotten(s, limits.max_negotiator_forgotten)
     return s, {"status": "deleted", "memory": view_of(gone)}
+
+
+def _trim_forgotten(s: dict[str, Any], keep: int) -> None:
+    """Keep the newest ``keep`` forgotten ids (by (forgotten_at, id)) and the fingerprints of
+    those and of no others; a fingerprint still held by a kept id stays."""
+    forgotten = s["forgotten"]
+    if len(forgotten) <= keep and len(s["forgotten_fingerprints"]) <= keep:
+        return
+    newest = sorted(forgotten.items(), key=lambda kv: (int(kv[1].get("forgotten_at") or 0), kv[0]))[-keep:] if keep > 0 else []
+    s["forgotten"] = dict(newest)
+    s["forgotten_fingerprints"] = sorted({v["content_fingerprint"] for _, v in newest})
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,14 +402,26 @@ def _memo_get(state: Mapping[str, Any], request_id: str) -> dict[str, Any] | Non
     return None
 
 
+def _memo_refs(body: Mapping[str, Any]) -> int:
+    forgot = body.get("forget") or {}
+    return (1 if forgot.get("memory") else 0) + len(forgot.get("candidates") or ())
+
+
 def _memo_put(state: dict[str, Any], request_id: str, body: Mapping[str, Any]) -> None:
+    """Add a memo; the oldest go beyond REPLY_MEMO_SIZE memos or REPLY_MEMO_REFS refs in all
+    (an ambiguous forget lists up to max_negotiator_memories refs)."""
     replies = [r for r in state.get("replies") or () if r[0] != request_id]
     replies.append([request_id, dict(body)])
-    state["replies"] = replies[-REPLY_MEMO_SIZE:]
+    replies = replies[-REPLY_MEMO_SIZE:]
+    refs = sum(_memo_refs(b) for _, b in replies)
+    while len(replies) > 1 and refs > REPLY_MEMO_REFS:
+        refs -= _memo_refs(replies.pop(0)[1])
+    state["replies"] = replies
 
 
 def handle_request(
-    state: Mapping[str, Any] | None, request: Mapping[str, Any], write_enabled: bool
+    state: Mapping[str, Any] | None, request: Mapping[str, Any], write_enabled: bool,
+    limits: Limits | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """One NegotiatorRequest → ``(state, NegotiatorReply)``; never raises on bad requests
     (unknown op, refused kind, empty content, no reference → ``error``). ``now_ms`` is the
@@ -346,6 +433,7 @@ def handle_request(
     ``forget "Open"`` that was ambiguous could delete the one candidate left after the user
     picked the other by id. A replayed reply shows ``"[REDACTED]"`` as the content of a memory
     that is gone by then."""
+    limits = limits or DEFAULT_LIMITS
     user_id = request["user_id"]
     rid = request["request_id"]
     now_ms = int(request["timestamp"])
@@ -361,14 +449,16 @@ def handle_request(
     try:
         if op == "remember":
             s, remembered = remember(
-                s, user_id, request.get("kind"), request.get("content"), request.get("sessionId"), write_enabled, rid, now_ms
+                s, user_id, request.get("kind"), request.get("content"), request.get("sessionId"), write_enabled, rid,
+                now_ms, limits,
             )
         elif op == "forget":
             if not request.get("memoryId") and not (request.get("description") or "").strip():
                 raise NegotiatorError("missing_reference", "forget needs memoryId or description")
-            s, forgot = forget(s, user_id, request.get("memoryId"), request.get("description"), now_ms=now_ms)
+            s, forgot = forget(s, user_id, request.get("memoryId"), request.get("description"), now_ms=now_ms,
+                               limits=limits)
         else:
-            raise NegotiatorError("unknown_op", f"op {op!r} is not remember or forget")
+            raise NegotiatorError("unknown_op", f"op {quote(op)} is not remember or forget")
     except NegotiatorError as e:
         err = e.reply_error()
     if forgot is not None or err is not None:

@@ -25,6 +25,7 @@ from .consolidation import (
 from .exposure import exposure_gate, quarantine_entry
 from .ids import node_id_for
 from .ingest import Rejection, event_sort_key, validate_candidate, validate_event
+from .limits import DEFAULT_LIMITS, Limits
 from .nodes import content_fingerprint, make_node
 from .promotion import PromotionPolicy, promote, should_promote
 from .state import UserMemory
@@ -104,16 +105,18 @@ def process_candidate(
     policy: ConsolidationPolicy | None = None,
     promotion: PromotionPolicy | None = None,
     decider: Decider | None = None,
+    limits: Limits | None = None,
 ) -> Outcome:
     """Consolidate one candidate (``memory.candidates.v1``) into ``memory``.
 
-    Steps: validate (→ dead letter) · de-duplicate on ``candidate_id`` · hard rules (secret,
+    Steps: validate, sizes and ids included (``limits``; → dead letter) · de-duplicate on
+    ``candidate_id`` · hard rules (secret,
     deleted content → ``reject`` on the ledger) · exposure gate (→ quarantine) · decide ·
     apply · promotion check."""
     policy = policy or ConsolidationPolicy()
     promotion = promotion or PromotionPolicy()
     decider = decider or _DEFAULT_DECIDER
-    cand, rej = validate_candidate(candidate)
+    cand, rej = validate_candidate(candidate, limits or DEFAULT_LIMITS)
     if rej is not None:
         return Outcome(rejections=[rej])
     assert cand is not None
@@ -168,8 +171,10 @@ def process_event(
     event: Mapping[str, Any],
     policy: ConsolidationPolicy | None = None,
     promotion: PromotionPolicy | None = None,
+    limits: Limits | None = None,
 ) -> Outcome:
-    """Apply one memory event (``memory.events.v1``) to ``memory``.
+    """Apply one memory event (``memory.events.v1``) to ``memory`` (validated first, sizes
+    and ids against ``limits``: a record over a limit is a dead letter).
 
     memory_formed       the agent formed a node: materialize it as-is (unless its id or its
                         content was deleted → dead letter without the value; a deletion
@@ -186,7 +191,7 @@ def process_event(
     """
     policy = policy or ConsolidationPolicy()
     promotion = promotion or PromotionPolicy()
-    ev, rej = validate_event(event)
+    ev, rej = validate_event(event, limits or DEFAULT_LIMITS)
     if rej is not None:
         return Outcome(rejections=[rej])
     assert ev is not None

@@ -40,6 +40,14 @@ At-least-once delivery can replay an event. ``apply`` remembers the ids of the l
 caller's ``event_id`` (the shipper's deterministic per-line id from the record headers) or, when
 absent, a fingerprint of the event's content.
 
+Bounds
+------
+The state row holds at most ``max_graph_nodes`` nodes and ``max_graph_labels`` degraded-notification
+kinds (:class:`~streams.core.limits.Limits`), ``RECENT_IDS`` event ids of at most ``max_id_chars``,
+and labels (``nodeId``, ``status``, ``agent``, ``signalType``) of at most ``max_label_chars``;
+``graphId`` follows the id rules (it is the table key). An event that would break one raises
+``GraphEventError`` with code ``limit.<name>`` / ``invalid_id`` and a reason naming the setting.
+
 Bad input
 ---------
 An event that is not a valid GraphEvent (see ``paths.validate_record``: unknown kind, wrong types,
@@ -53,6 +61,7 @@ import hashlib
 import json
 from typing import Any, Mapping
 
+from ..core.limits import DEFAULT_LIMITS, LimitExceeded, Limits, check_chars, check_count, check_id, quote
 from .paths import ParseError, validate_record
 
 RECENT_IDS = 512
@@ -61,7 +70,34 @@ _KIND_RANK = {"node_dispatched": 0, "node_completed": 1}
 
 
 class GraphEventError(ValueError):
-    """The event cannot be applied to this graph's state (dead-letter it)."""
+    """The event cannot be applied to this graph's state (dead-letter it); ``code`` is
+    machine-readable (``graph.invalid_event``, or ``limit.<name>`` / ``invalid_id``)."""
+
+    def __init__(self, message: str, code: str = "graph.invalid_event") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+_LABELS = ("nodeId", "status", "agent", "signalType")
+
+
+def _check_limits(state: Mapping[str, Any] | None, ev: Mapping[str, Any], event_id: str | None, limits: Limits) -> None:
+    try:
+        check_id("graphId", ev["graphId"], limits)
+        if event_id is not None:
+            check_chars("event id", event_id, limits, "max_id_chars")
+        for field in _LABELS:
+            if isinstance(ev.get(field), str):
+                check_chars(field, ev[field], limits, "max_label_chars")
+        if state is not None:
+            if ev["event"] in _KIND_RANK and ev["nodeId"] not in state["nodes"]:
+                check_count("graph nodes", len(state["nodes"]) + 1, limits, "max_graph_nodes", "nodes")
+            kind = ev.get("status") or "unknown"
+            if ev["event"] == "notification_degraded" and kind not in state["degradedNotifications"]:
+                check_count("degraded-notification kinds", len(state["degradedNotifications"]) + 1, limits,
+                            "max_graph_labels", "kinds")
+    except LimitExceeded as exc:
+        raise GraphEventError(str(exc), exc.code) from None
 
 
 def new_state(graph_id: str) -> dict[str, Any]:
@@ -104,14 +140,15 @@ def _newer(key: list[int], old: Any) -> bool:
 
 
 def apply(state: Mapping[str, Any] | None, event: Mapping[str, Any], stall_after_ms: int | None,
-          event_id: str | None = None) -> dict[str, Any]:
+          event_id: str | None = None, limits: Limits | None = None) -> dict[str, Any]:
     ev = validate_record(dict(event) if isinstance(event, Mapping) else event)
     if isinstance(ev, ParseError):
         raise GraphEventError(str(ev))
+    if state is not None and ev["graphId"] != state["graphId"]:
+        raise GraphEventError(f"event of graph {quote(ev['graphId'])} applied to graph {quote(state['graphId'])}")
+    _check_limits(state, ev, event_id, limits or DEFAULT_LIMITS)
     if state is None:
         state = new_state(ev["graphId"])
-    if ev["graphId"] != state["graphId"]:
-        raise GraphEventError(f"event of graph {ev['graphId']!r} applied to graph {state['graphId']!r}")
     eid = event_id or event_fingerprint(ev)
     if eid in state["recentIds"]:
         return state  # a redelivered event: idempotent skip

@@ -91,6 +91,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from ..core.limits import DEFAULT_LIMITS, LimitExceeded, Limits, check_chars, check_count, check_id, quote
 from .tokens import price_message
 
 MAX_COMPACTIONS = 256
@@ -120,6 +121,7 @@ RULES: dict[str, str] = {
     "session.seq_reused": "an already-applied seq arrives again with different content",
     "session.seq_out_of_order": "a seq below lastSeq that was never applied (it arrived after a later seq)",
     "session.seq_unverifiable": "a seq below lastSeq, older than the remembered fingerprints: redelivery or reuse cannot be told",
+    "event.over_limit": "an event over an input limit or with an id against the id rules (MEMSTREAM_MAX_*)",
 }
 
 COMPACTION_TYPES = ("compaction/start", "compaction/summary", "compaction/end", "compaction/prune")
@@ -273,7 +275,8 @@ def _new_compaction(cid: str, source_command_id: Any, turn: Any, seq: int) -> di
 class _Ctx:
     """Copy-on-write working copy of a state for one step, plus the violations found."""
 
-    def __init__(self, state: Mapping[str, Any], event: Mapping[str, Any]):
+    def __init__(self, state: Mapping[str, Any], event: Mapping[str, Any], limits: Limits = DEFAULT_LIMITS):
+        self.limits = limits
         self.rec = dict(state["record"])
         self.rec["compactions"] = list(self.rec["compactions"])
         self.internal = dict(state["internal"])
@@ -356,48 +359,90 @@ def _count_ok(v: Any) -> bool:
 
 
 def _trim(ctx: _Ctx) -> None:
+    """Drop the oldest closed compactions beyond MAX_COMPACTIONS entries or beyond
+    ``max_ledger_shadowed_seqs`` shadowed seqs in all (the row stays bounded)."""
     comps = ctx.rec["compactions"]
-    while len(comps) > MAX_COMPACTIONS:
+    budget = ctx.limits.max_ledger_shadowed_seqs
+    shadowed = sum(len(c.get("shadowedSeqs") or ()) for c in comps)
+    while len(comps) > MAX_COMPACTIONS or shadowed > budget:
         idx = next((i for i, c in enumerate(comps) if c["status"] != "open"), None)
         if idx is None:
             break
+        shadowed -= len(comps[idx].get("shadowedSeqs") or ())
         del comps[idx]
         ctx.internal["droppedCompactions"] += 1
+
+
+_LABEL_FIELDS = ("compactionId", "sourceCommandId", "provider", "model")
+_SEQ_LISTS = ("shadowedSeqs", "sourceEventSeqs")
+
+
+def _check_limits(ctx: _Ctx, event: Mapping[str, Any], data: Mapping[str, Any] | None) -> None:
+    """Raise LimitExceeded when the event carries more than the state may keep."""
+    lim = ctx.limits
+    if ctx.type is not None:
+        check_chars("type", ctx.type, lim, "max_label_chars")
+    if not isinstance(data, Mapping):
+        return
+    for field in _LABEL_FIELDS:
+        v = data.get(field)
+        if isinstance(v, str):
+            check_chars(field, v, lim, "max_label_chars")
+    for field in _SEQ_LISTS:
+        v = data.get(field)
+        if isinstance(v, list):
+            check_count(field, len(v), lim, "max_shadowed_seqs")
 
 
 # --------------------------------------------------------------------------------------------
 # the reducer
 
 
-def step(state: Mapping[str, Any] | None, event: Mapping[str, Any]) -> tuple[dict[str, Any], list[Violation]]:
-    """Fold one SessionEvent into the session state. Never raises on bad input."""
+def step(state: Mapping[str, Any] | None, event: Mapping[str, Any],
+         limits: Limits | None = None) -> tuple[dict[str, Any], list[Violation]]:
+    """Fold one SessionEvent into the session state. Never raises on bad input.
+
+    ``limits`` (:class:`~streams.core.limits.Limits`, defaults when None): an event whose
+    sessionId breaks the id rules, or whose labels (``type``, ``compactionId``,
+    ``sourceCommandId``, ``provider``, ``model``) or seq lists are over their limits, is the
+    violation ``event.over_limit`` (the reason names the limit and its setting) and changes
+    nothing but ``lastSeq`` (it is an event in between: an armed claim expires). A stored
+    ``error`` is cut to ``max_error_chars``."""
+    limits = limits or DEFAULT_LIMITS
     if state is None:
         sid = event.get("sessionId") if isinstance(event, Mapping) else None
         state = new_state(sid if isinstance(sid, str) else "")
     if not isinstance(event, Mapping) or not _is_int(event.get("seq")):
-        ctx = _Ctx(state, event if isinstance(event, Mapping) else {})
+        ctx = _Ctx(state, event if isinstance(event, Mapping) else {}, limits)
         ctx.violate("event.malformed", "event has no integer seq; it cannot be placed in the session log")
         return ctx.result()
     seq = event["seq"]
     sid = event.get("sessionId")
     if sid != state["record"]["sessionId"]:
-        ctx = _Ctx(state, event)
-        ctx.violate("event.session_mismatch", f"event of session {sid!r} routed to session {ctx.rec['sessionId']!r}")
+        ctx = _Ctx(state, event, limits)
+        ctx.violate("event.session_mismatch", f"event of session {quote(sid)} routed to session {quote(ctx.rec['sessionId'])}")
         return ctx.result()
     if seq <= state["record"]["lastSeq"]:
         seen = seen_check(state, event)
         if seen is None:
             return state, []  # redelivered / already processed: idempotent skip
-        ctx = _Ctx(state, event)
+        ctx = _Ctx(state, event, limits)
         ctx.violate(*seen)
         return ctx.result()
 
-    ctx = _Ctx(state, event)
+    ctx = _Ctx(state, event, limits)
     _remember_seq(ctx, state, event)
     ctx.rec["lastSeq"] = seq
 
     typ = ctx.type
     data = _data(event)
+    try:
+        check_id("sessionId", sid, limits)
+        _check_limits(ctx, event, data)
+    except LimitExceeded as exc:
+        _expire_claim(ctx)
+        ctx.violate("event.over_limit", str(exc))
+        return ctx.result()
     if typ is None or data is None:
         _expire_claim(ctx)
         ctx.violate("event.malformed", "event has no string type" if typ is None else f"{typ} data is not an object")
@@ -608,6 +653,7 @@ def _on_summary(ctx: _Ctx, data: Mapping[str, Any]) -> None:
             rng = data.get("shadowedRange")
             e["shadowedRange"] = {"start": rng.get("start"), "end": rng.get("end")} if isinstance(rng, Mapping) else None
             e["shadowedSeqs"] = list(data["shadowedSeqs"])
+            _trim(ctx)  # the ledger keeps at most max_ledger_shadowed_seqs in all
             count = data.get("shadowedTokenCount")
             e["shadowedTokenCount"] = count if _count_ok(count) else None
             e["provider"] = data.get("provider")
@@ -657,7 +703,9 @@ def _on_end(ctx: _Ctx, data: Mapping[str, Any], ts: Any) -> None:
     error = data.get("error")
     if error is not None:
         e["status"] = "failed"
-        e["error"] = str(error)
+        text = str(error)
+        cap = ctx.limits.max_error_chars
+        e["error"] = text if len(text) <= cap else text[:cap] + f"… (cut at {cap} characters: MEMSTREAM_MAX_ERROR_CHARS)"
         ctx.rec["errorCount"] += 1
     else:
         e["status"] = "succeeded"

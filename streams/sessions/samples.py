@@ -380,6 +380,9 @@ def _fault(b: _Builder, name: str) -> list[str]:
             b.telemetry()
         b.events.append(first)
         return ["session.seq_unverifiable"]
+    if name == "event.over_limit":  # a compaction id over MEMSTREAM_MAX_LABEL_CHARS (default 128)
+        b.emit("compaction/start", {"compactionId": "cmp-" + "x" * 200, "sourceCommandId": None, "turn": b.turn})
+        return ["event.over_limit"]
     raise KeyError(name)
 
 
@@ -406,7 +409,7 @@ SCENARIOS: tuple[str, ...] = (
     "summary.not_open", "summary.duplicate", "summary.raw_output_missing", "end.missing_summary",
     "meter.range_mismatch", "meter.bad_token_count", "meter.bad_prune_count",
     "shadow.not_adjacent", "shadow.prune_not_replaced", "shadow.range_mismatch", "shadow.unclaimed_replace",
-    "event.unknown_type", "event.malformed", "event.session_mismatch",
+    "event.unknown_type", "event.malformed", "event.session_mismatch", "event.over_limit",
     "session.seq_reused", "session.seq_out_of_order", "session.seq_unverifiable",
 )
 
