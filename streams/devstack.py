@@ -251,14 +251,17 @@ def _wait(service: Service, s: Settings, pid: int, ready: Callable[[], bool]) ->
 
 
 def kafka_ready(s: Settings, timeout: float = 2.0) -> bool:
-    """A metadata request answered by the broker."""
+    """The broker answers metadata and every partition it already has is led (after a restart
+    it loads its logs first: an open port, even an answered metadata request, is not ready)."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": s.broker, "socket.timeout.ms": int(timeout * 1000),
                          "log_level": 0})
     try:
         md = admin.list_topics(timeout=timeout)
-        return bool(md.brokers)
+        return bool(md.brokers) and all(
+            t.error is None and all(p.leader >= 0 and p.error is None for p in t.partitions.values())
+            for t in md.topics.values())
     except Exception:  # noqa: BLE001 - any failure means "not ready yet"
         return False
 

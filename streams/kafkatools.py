@@ -11,11 +11,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
+from typing import Callable, TypeVar
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from .settings import Settings
 
 Offsets = dict[tuple[str, int], int]
+T = TypeVar("T")
 
 
 def consumer(settings: Settings, group: str) -> Consumer:
@@ -23,15 +26,37 @@ def consumer(settings: Settings, group: str) -> Consumer:
                      "log_level": 0})
 
 
+#: broker errors that pass (leadership moving, a broker restarting): retried with a bound
+_TRANSIENT = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError._TRANSPORT,
+              KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError.UNKNOWN_TOPIC_OR_PART,
+              KafkaError._ALL_BROKERS_DOWN, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS}
+
+
+def retrying(call: Callable[[], T], what: str, timeout: float = 60.0) -> T:
+    """`call()`, retried while it fails with a transient broker error, for at most `timeout` s."""
+    deadline = time.monotonic() + timeout
+    delay = 0.2
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if err is None or err.code() not in _TRANSIENT or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
 def end_offsets(settings: Settings, topics: list[str]) -> Offsets:
-    """The high watermark of every partition of `topics`."""
+    """The high watermark of every partition of `topics` (transient broker errors retried)."""
     c = consumer(settings, "memstream-probe")
     try:
-        md = c.list_topics(timeout=10)
+        md = retrying(lambda: c.list_topics(timeout=10), "list topics")
         out = {}
         for name in topics:
             for p in md.topics[name].partitions:
-                _low, high = c.get_watermark_offsets(TopicPartition(name, p), timeout=10)
+                tp = TopicPartition(name, p)
+                _low, high = retrying(lambda: c.get_watermark_offsets(tp, timeout=10), f"end of {name}[{p}]")
                 out[(name, p)] = high
         return out
     finally:
@@ -51,7 +76,8 @@ def group_lag(settings: Settings, group: str, ends: Offsets) -> int:
     """Records of `ends` the group has not committed yet."""
     c = consumer(settings, group)
     try:
-        committed = c.committed([TopicPartition(t, p) for (t, p) in ends], timeout=10)
+        committed = retrying(lambda: c.committed([TopicPartition(t, p) for (t, p) in ends], timeout=10),
+                             f"committed offsets of {group}")
     finally:
         c.close()
     return sum(max(ends[(tp.topic, tp.partition)] - max(tp.offset, 0), 0) for tp in committed)

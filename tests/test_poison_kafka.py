@@ -42,14 +42,19 @@ pytestmark = pytest.mark.kafka
 BASE_TS = 1_767_225_600_000
 
 
-def _post(port: int, path: str, body: bytes) -> int:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method="POST",
-                                 headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
+def _post(port: int, path: str, body: bytes, timeout: float = 90) -> int:
+    """POST as a client would: a 503 (partitions moving, Retry-After) is retried."""
+    deadline = time.monotonic() + timeout
+    while True:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method="POST",
+                                     headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or time.monotonic() > deadline:
+                return e.code
+        time.sleep(1)
 
 
 def _poison(stack, unique: str) -> tuple[list[tuple[str, bytes | dict]], list[str]]:
