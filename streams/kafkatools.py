@@ -172,3 +172,31 @@ def stop_worker(proc: subprocess.Popen, timeout: float = 30) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def largest_records(settings: Settings, topics: list[str], timeout: float = 120) -> dict[str, tuple[int, str]]:
+    """The largest record (key + value + headers, bytes) of each topic: {topic: (size, where)},
+    `where` = "partition@offset". Reads every partition from its start to its current end."""
+    ends = end_offsets(settings, topics)
+    c = consumer(settings, "memstream-size-probe")
+    out: dict[str, tuple[int, str]] = {t: (0, "-") for t in topics}
+    try:
+        todo = {tp: end for tp, end in ends.items() if end > 0}
+        c.assign([TopicPartition(t, p, 0) for (t, p) in todo])
+        deadline = time.monotonic() + timeout
+        while todo and time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is None or msg.error():
+                for (t, p), end in list(todo.items()):  # a transaction marker ends some partitions
+                    if c.position([TopicPartition(t, p)])[0].offset >= end:
+                        todo.pop((t, p))
+                continue
+            tp = (msg.topic(), msg.partition())
+            size = len(msg.key() or b"") + len(msg.value() or b"") + sum(len(k) + len(v or b"") for k, v in msg.headers() or [])
+            if size > out[msg.topic()][0]:
+                out[msg.topic()] = (size, f"{msg.partition()}@{msg.offset()}")
+            if msg.offset() + 1 >= todo.get(tp, 0):
+                todo.pop(tp, None)
+    finally:
+        c.close()
+    return out

@@ -71,7 +71,33 @@ def stack(settings):
         try:
             yield settings
         finally:
+            _record_largest(settings)
             memstream("dev", "down", check=False)
+
+
+def _record_largest(settings) -> None:
+    """Before the stack goes: the largest table row (changelog record) and dead letter the suite
+    produced, for the record (`test-artifacts/largest-records.txt`; issue #12's closing note)."""
+    from confluent_kafka.admin import AdminClient
+
+    from streams import catalog, kafkatools
+
+    try:
+        names = AdminClient({"bootstrap.servers": settings.broker}).list_topics(timeout=10).topics
+        topics = [t for t in names if t.endswith("-changelog")] + [catalog.DLQ]
+        sizes = kafkatools.largest_records(settings, topics)
+    except Exception as exc:  # noqa: BLE001 - a measurement, never a test failure
+        print(f"\n[stack] largest records not measured: {exc}", file=sys.stderr)
+        return
+    row = max(((s, t, w) for t, (s, w) in sizes.items() if t != catalog.DLQ), default=(0, "-", "-"))
+    dlq = sizes.get(catalog.DLQ, (0, "-"))
+    line = (f"{time.strftime('%Y-%m-%d %H:%M')} largest table row {row[0]} bytes ({row[1]} {row[2]}); "
+            f"largest dead letter {dlq[0]} bytes ({dlq[1]}); {len(topics) - 1} changelogs")
+    artifacts = ROOT / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    with open(artifacts / "largest-records.txt", "a") as f:
+        f.write(line + "\n")
+    print(f"\n[stack] {line}", file=sys.stderr)
 
 
 @pytest.fixture

@@ -14,11 +14,12 @@ and a user's state is partition-local):
                               negotiator, relay-policy
 
 Durable state: ONE table, `memory-state`, so that all of a user's rows share one changelog
-partition and keep their write order: key `motebit_id` → the user's aux row (deleted
-fingerprints, clock, pins, the open tail of the de-duplication window, and `pending`: the other
-rows of the last write batch, a redo log), key `motebit_id/node_id` → a node row, and key
-`motebit_id/~seen/k` → sealed chunk k of the de-duplication window (so a write does not carry
-the whole window). The per-user `UserMemory` with its
+partition and keep their write order: key `motebit_id` → the user's aux row (clock, the open
+tail of the de-duplication window, and `pending`: the other rows of the last write batch, a redo
+log), key `motebit_id/node_id` → a node row, key `motebit_id/~seen/k` → sealed chunk k of the
+de-duplication window (so a write does not carry the whole window), and one small side row per
+deleted node id (`~del/<id>`), deleted content fingerprint (`~fp/<sha256>`) and pin
+(`~pin/<node_id>`), so that no row grows with a user's history. The per-user `UserMemory` with its
 similarity index is derived: a cache rebuilt from the table after every rebalance (so after a
 restart or a partition move the index is rebuilt from the recovered changelog).
 
@@ -65,7 +66,7 @@ from ..core.negotiator import (
     validate_request,
 )
 from ..core.redaction import relay_events, threshold_for
-from ..core.state import SEEN_CHUNK_KEY
+from ..core.state import SEEN_CHUNK_KEY, SIDE_PREFIXES
 from ..deadletter import STAGE_APPLY, STAGE_VALIDATE
 from ..core.vocabulary import SENSITIVITY_LEVELS
 from ..http import BadRequest, authenticated, mask_node
@@ -85,7 +86,8 @@ STATE_TABLE = "memory-state"  #: motebit_id -> aux row (with `pending`); motebit
 def node_key(motebit_id: str, node_id: str) -> str:
     """The key of a user's row: `<motebit_id>/<rest>`. Collision-free because a user id can never
     contain the separator (validated at ingest: `streams.core.ingest`), so the first `/` always
-    ends the user id; `rest` (a node id, or SEEN_CHUNK_KEY + k) may contain anything."""
+    ends the user id; `rest` (a node id, SEEN_CHUNK_KEY + k, or a side row's suffix) may contain
+    anything."""
     return f"{motebit_id}{NODE_KEY_SEP}{node_id}"
 
 
@@ -154,6 +156,7 @@ class MemoryStore:
         gc.unfreeze()  # the cache being replaced may become garbage (cycles included)
         by_user: dict[str, list[dict]] = defaultdict(list)
         chunks: dict[str, dict[int, list]] = defaultdict(dict)
+        side: dict[str, dict[str, Any]] = defaultdict(dict)  # deleted ids / fingerprints, pins
         aux: dict[str, dict] = {}
         corrupt: dict[str, str] = {}
         foreign = 0
@@ -167,6 +170,9 @@ class MemoryStore:
                 except ValueError:
                     corrupt.setdefault(user, f"unreadable de-duplication chunk row {key[:200]!r}")
                 continue
+            if sep and rest.startswith(SIDE_PREFIXES):
+                side[user][rest] = row
+                continue
             owner = row.get("motebit_id") if isinstance(row, dict) else None
             if owner != user:
                 foreign += 1
@@ -178,12 +184,12 @@ class MemoryStore:
             else:
                 corrupt.setdefault(user, f"row {key[:200]!r} is neither an aux row nor a node row")
         self.cache = {}
-        for u in set(by_user) | set(aux):
+        for u in set(by_user) | set(aux) | set(side):
             if u in corrupt:
                 continue
             try:
                 self.cache[u] = UserMemory.from_nodes(u, by_user.get(u, ()), aux.get(u), seen_chunks=chunks.get(u),
-                                                      dedup_max_ids=self.rt.settings.dedup_max_ids)
+                                                      side_rows=side.get(u), dedup_max_ids=self.rt.settings.dedup_max_ids)
             except Exception as exc:  # noqa: BLE001 - one user's bad rows must not stop the others
                 corrupt[u] = f"{type(exc).__name__}: {str(exc)[:300]}"
         for u, why in corrupt.items():
@@ -240,10 +246,14 @@ class MemoryStore:
             effects.write(self.state, node_key(motebit_id, f"{SEEN_CHUNK_KEY}{k}"), rows)
         for k in dropped:
             effects.write(self.state, node_key(motebit_id, f"{SEEN_CHUNK_KEY}{k}"), effects.DELETE)
+        side = um.side_changes()  # deleted ids and fingerprints, pins: one small row each
+        for suffix, row in side.items():
+            effects.write(self.state, node_key(motebit_id, suffix), effects.DELETE if row is None else row)
         # the aux row carries these rows as its redo log: past the budget, the batch is made
         # durable after this record (streams.effects), so the aux row stays bounded
         staged = sum(len(orjson.dumps(n)) for n in out.node_upserts) + sum(len(orjson.dumps(r)) for r in sealed.values())
-        effects.add_bytes(motebit_id, staged + 64 * len(out.node_deletions), self.rt.settings.state_batch_max_bytes)
+        effects.add_bytes(motebit_id, staged + 64 * (len(out.node_deletions) + len(side)),
+                          self.rt.settings.state_batch_max_bytes)
 
         def aux_row(batch: effects.Batch | None) -> dict:
             rows = batch.staged_rows(self.state, motebit_id) if batch else {}

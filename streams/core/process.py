@@ -233,7 +233,7 @@ def _on_formed(memory: UserMemory, ev: dict, policy: ConsolidationPolicy, promot
     if nid in memory.deleted_node_ids:
         # the deletion overtook the formation: the content belongs to a deleted node, so it
         # joins the deleted fingerprints exactly as if the deletion had come second
-        memory.deleted_fingerprints.add(content_fingerprint(p["content"]))
+        memory.forget_content(content_fingerprint(p["content"]))
         return Rejection("deleted_node", f"node {nid} was deleted and is never re-formed", True, True)
     fp = content_fingerprint(p["content"])
     if memory.is_deleted_content(fp):
@@ -286,7 +286,7 @@ def _on_pinned(memory: UserMemory, ev: dict, policy: ConsolidationPolicy, promot
     current = memory.pins.get(nid)
     if current is not None and key <= current[:3]:
         return None  # an older pin/unpin: the latest one already won
-    memory.pins[nid] = (*key, p["pinned"])
+    memory.set_pin(nid, (*key, p["pinned"]))
     node = memory.node(nid)
     if node is not None and bool(node.get("pinned")) != p["pinned"]:
         updated = {**node, "pinned": p["pinned"]}

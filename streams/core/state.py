@@ -21,8 +21,14 @@ Mutation discipline: node dicts are never changed in place; an update builds a n
 dict handed to the shell (an upsert) never changes afterwards.
 
 Bounds: ``deleted_fingerprints`` and ``deleted_node_ids`` are kept for ever (they are the
-guarantee; ~100 bytes per deleted node, no content). The de-duplication window is bounded
-(see :class:`~streams.core.ingest.DedupWindow`).
+guarantee; ~100 bytes per deleted node, no content), and ``pins`` holds one entry per pinned
+node id. Kept in the aux record these would grow it without bound, so the compact aux record
+(the one the shell stores) leaves them out: each entry is a **side row** of its own, named by
+a suffix (``~del/<node_id>``, ``~fp/<fingerprint>``, ``~pin/<node_id>``) that the shell stores
+at ``<motebit_id>/<suffix>`` like the de-duplication window's sealed chunks
+(:meth:`UserMemory.side_changes`, ``side_rows`` of :meth:`UserMemory.from_nodes`). Every row
+the shell stores is then bounded by the limits of one record. The de-duplication window is
+bounded (see :class:`~streams.core.ingest.DedupWindow`).
 """
 
 from __future__ import annotations
@@ -35,6 +41,12 @@ from .similarity import IndexConfig, SimilarityIndex
 
 #: prefix (after "<node key space>") of the de-duplication window's sealed chunks in a redo log
 SEEN_CHUNK_KEY = "~seen/"
+#: prefixes of the side rows (one per deleted node id, deleted fingerprint, pin); no id can
+#: contain "~", so none of these can collide with a node id
+DELETED_ID_KEY = "~del/"
+DELETED_FP_KEY = "~fp/"
+PIN_KEY = "~pin/"
+SIDE_PREFIXES = (DELETED_ID_KEY, DELETED_FP_KEY, PIN_KEY)
 
 PinKey = tuple[int, int, str]
 #: latest memory_pinned per node: (timestamp, version_clock, event_id, pinned)
@@ -62,6 +74,7 @@ class UserMemory:
         #: newest (timestamp, version_clock, id) applied from memory.events (late detection)
         self.last_event_key: PinKey | None = None
         self.stats: dict[str, int] = {"late": 0}
+        self._side_dirty: set[str] = set()  # side-row suffixes changed since `side_changes`
 
     # ------------------------------------------------------------------ construction ----
     @classmethod
@@ -75,6 +88,7 @@ class UserMemory:
         dedup_max_ids: int = 10_000,
         dedup_horizon_ms: int = 7 * 24 * 60 * 60 * 1000,
         seen_chunks: Mapping[int, list] | None = None,
+        side_rows: Mapping[str, Any] | None = None,
     ) -> "UserMemory":
         """Rebuild from the durable state: node records (any order), the aux record and, when
         the aux record is compact (``aux_record(compact=True)``), the sealed chunks of its
@@ -83,14 +97,25 @@ class UserMemory:
         The aux record's ``pending`` is the redo log of the last batch that changed this user:
         node id → node record (None: deleted) and ``SEEN_CHUNK_KEY + k`` → chunk ``k`` (None:
         dropped). The shell writes the aux record *before* those rows, so after a crash in
-        between the rows may be missing or older; ``pending`` wins over them."""
+        between the rows may be missing or older; ``pending`` wins over them.
+
+        ``side_rows`` (suffix → row) are the deleted ids, deleted fingerprints and pins stored
+        apart from a compact aux record; an aux record of the earlier layout (with those in it)
+        is read too, and its entries are then reported by the next ``side_changes`` so that the
+        shell moves them into side rows."""
         um = cls(motebit_id, index_config=index_config, dedup_max_ids=dedup_max_ids, dedup_horizon_ms=dedup_horizon_ms)
         chunks = dict(seen_chunks or {})
+        side = dict(side_rows or {})
         pending = (aux or {}).get("pending") or {}
         if pending:
             by_id = {n["node_id"]: n for n in nodes}
             for key, row in pending.items():
-                target, ident = (chunks, int(key[len(SEEN_CHUNK_KEY):])) if key.startswith(SEEN_CHUNK_KEY) else (by_id, key)
+                if key.startswith(SEEN_CHUNK_KEY):
+                    target, ident = chunks, int(key[len(SEEN_CHUNK_KEY):])
+                elif key.startswith(SIDE_PREFIXES):
+                    target, ident = side, key
+                else:
+                    target, ident = by_id, key
                 if row is None:
                     target.pop(ident, None)
                 else:
@@ -100,14 +125,27 @@ class UserMemory:
             if rec["motebit_id"] != motebit_id:
                 raise ValueError(f"node {rec['node_id']} belongs to {rec['motebit_id']!r}, not {motebit_id!r}")
             um.put_node(rec)
+        for key, row in side.items():
+            if key.startswith(DELETED_ID_KEY):
+                um.deleted_node_ids.add(key[len(DELETED_ID_KEY):])
+            elif key.startswith(DELETED_FP_KEY):
+                um.deleted_fingerprints.add(key[len(DELETED_FP_KEY):])
+            elif key.startswith(PIN_KEY):
+                um.pins[key[len(PIN_KEY):]] = (int(row[0]), int(row[1]), str(row[2]), bool(row[3]))
         if aux:
-            um.deleted_fingerprints = set(aux.get("deleted_fingerprints") or ())
-            um.deleted_node_ids = set(aux.get("deleted_node_ids") or ())
+            legacy_ids, legacy_fps = aux.get("deleted_node_ids") or (), aux.get("deleted_fingerprints") or ()
+            legacy_pins = aux.get("pins") or {}
+            um.deleted_node_ids.update(legacy_ids)
+            um.deleted_fingerprints.update(legacy_fps)
+            for k, v in legacy_pins.items():
+                um.pins.setdefault(k, (int(v[0]), int(v[1]), str(v[2]), bool(v[3])))
+            um._side_dirty.update(DELETED_ID_KEY + i for i in legacy_ids)
+            um._side_dirty.update(DELETED_FP_KEY + f for f in legacy_fps)
+            um._side_dirty.update(PIN_KEY + k for k in legacy_pins)
             seen = aux.get("seen") or {}
             um.seen = (DedupWindow.from_tail_record(seen, chunks, dedup_max_ids, dedup_horizon_ms) if "tail" in seen
                        else DedupWindow.from_record(seen, dedup_max_ids, dedup_horizon_ms))
             um.clock = int(aux.get("clock") or 0)
-            um.pins = {k: (int(v[0]), int(v[1]), str(v[2]), bool(v[3])) for k, v in (aux.get("pins") or {}).items()}
             lk = aux.get("last_event_key")
             um.last_event_key = (int(lk[0]), int(lk[1]), str(lk[2])) if lk else None
             um.stats = dict(aux.get("stats") or {"late": 0})
@@ -116,16 +154,49 @@ class UserMemory:
     def aux_record(self, compact: bool = False) -> dict[str, Any]:
         """The non-node durable state (JSON-serializable, deterministic ordering). Compact: the
         de-duplication window's tail only; its sealed chunks are kept apart (`seen_changes`)."""
+        if compact:  # deleted ids and fingerprints and pins live in side rows (`side_changes`)
+            return {
+                "motebit_id": self.motebit_id,
+                "seen": self.seen.to_tail_record(),
+                "clock": self.clock,
+                "last_event_key": list(self.last_event_key) if self.last_event_key else None,
+                "stats": dict(sorted(self.stats.items())),
+            }
         return {
             "motebit_id": self.motebit_id,
             "deleted_fingerprints": sorted(self.deleted_fingerprints),
             "deleted_node_ids": sorted(self.deleted_node_ids),
-            "seen": self.seen.to_tail_record() if compact else self.seen.to_record(),
+            "seen": self.seen.to_record(),
             "clock": self.clock,
             "pins": {k: list(v) for k, v in sorted(self.pins.items())},
             "last_event_key": list(self.last_event_key) if self.last_event_key else None,
             "stats": dict(sorted(self.stats.items())),
         }
+
+    def side_changes(self) -> dict[str, Any]:
+        """Side rows to write since the last call: suffix → row, None = remove the row."""
+        out: dict[str, Any] = {}
+        for key in sorted(self._side_dirty):
+            if key.startswith(DELETED_ID_KEY):
+                out[key] = 1 if key[len(DELETED_ID_KEY):] in self.deleted_node_ids else None
+            elif key.startswith(DELETED_FP_KEY):
+                out[key] = 1 if key[len(DELETED_FP_KEY):] in self.deleted_fingerprints else None
+            else:
+                pin = self.pins.get(key[len(PIN_KEY):])
+                out[key] = list(pin) if pin is not None else None
+        self._side_dirty.clear()
+        return out
+
+    # --------------------------------------------------------- side-row collections ----
+    def forget_content(self, fingerprint: str) -> None:
+        """Remember a deleted fingerprint: that content never forms a node again."""
+        if fingerprint not in self.deleted_fingerprints:
+            self.deleted_fingerprints.add(fingerprint)
+            self._side_dirty.add(DELETED_FP_KEY + fingerprint)
+
+    def set_pin(self, node_id: str, pin: Pin) -> None:
+        self.pins[node_id] = pin
+        self._side_dirty.add(PIN_KEY + node_id)
 
     def seen_changes(self) -> tuple[dict[int, list], list[int]]:
         """Chunks of the de-duplication window to write (sealed since the last call) and to
@@ -134,7 +205,7 @@ class UserMemory:
 
     def clone(self) -> "UserMemory":
         """An independent copy (rebuilt from the durable state, as after a restart)."""
-        return UserMemory.from_nodes(
+        copy = UserMemory.from_nodes(
             self.motebit_id,
             self.nodes(),
             self.aux_record(),
@@ -142,6 +213,8 @@ class UserMemory:
             dedup_max_ids=self.seen.max_ids,
             dedup_horizon_ms=self.seen.horizon_ms,
         )
+        copy._side_dirty = set(self._side_dirty)
+        return copy
 
     # ------------------------------------------------------------------------ reads ----
     def node(self, node_id: str) -> dict[str, Any] | None:
@@ -208,10 +281,13 @@ class UserMemory:
             self.index.remove(node_id)
         else:
             node = self.closed.pop(node_id, None)
-        self.deleted_node_ids.add(node_id)
-        self.pins.pop(node_id, None)
+        if node_id not in self.deleted_node_ids:
+            self.deleted_node_ids.add(node_id)
+            self._side_dirty.add(DELETED_ID_KEY + node_id)
+        if self.pins.pop(node_id, None) is not None:
+            self._side_dirty.add(PIN_KEY + node_id)
         if node is not None:
-            self.deleted_fingerprints.add(node["content_fingerprint"])
+            self.forget_content(node["content_fingerprint"])
         return node
 
     def next_clock(self) -> int:

@@ -1,3 +1,4 @@
+import json
 import os
 import random
 import subprocess
@@ -7,7 +8,7 @@ from pathlib import Path
 from hypothesis import given, settings, strategies as st
 
 from streams.core import IndexConfig, UserMemory, process_candidate, process_event, sweep
-from streams.core.state import SEEN_CHUNK_KEY
+from streams.core.state import SEEN_CHUNK_KEY, SIDE_PREFIXES
 
 from .factories import candidate, event, one_word_edit, sentence
 
@@ -132,6 +133,7 @@ def test_the_redo_log_completes_a_partly_written_batch(seed, n, data):
             sealed, dropped = um.seen_changes()
             rows.update({f"{SEEN_CHUNK_KEY}{k}": chunk for k, chunk in sealed.items()})
             rows.update({f"{SEEN_CHUNK_KEY}{k}": None for k in dropped})
+            rows.update(um.side_changes())  # deleted ids / fingerprints, pins: a row each
         return rows
 
     def apply(rows: dict) -> None:
@@ -145,9 +147,10 @@ def test_the_redo_log_completes_a_partly_written_batch(seed, n, data):
     changes = staged(_run(um, ops[cut:]))  # this batch
     aux = {**um.aux_record(compact=True), "pending": changes}
     apply(dict(list(changes.items())[:data.draw(st.integers(0, len(changes)))]))  # the crash
-    nodes = [row for key, row in durable.items() if not key.startswith(SEEN_CHUNK_KEY)]
+    nodes = [row for key, row in durable.items() if not key.startswith((SEEN_CHUNK_KEY, *SIDE_PREFIXES))]
     chunks = {int(key[len(SEEN_CHUNK_KEY):]): row for key, row in durable.items() if key.startswith(SEEN_CHUNK_KEY)}
-    rebuilt = UserMemory.from_nodes("u1", nodes, aux, index_config=cfg, seen_chunks=chunks,
+    side = {key: row for key, row in durable.items() if key.startswith(SIDE_PREFIXES)}
+    rebuilt = UserMemory.from_nodes("u1", nodes, aux, index_config=cfg, seen_chunks=chunks, side_rows=side,
                                     dedup_max_ids=um.seen.max_ids)
     assert list(rebuilt.nodes()) == list(um.nodes())
     assert rebuilt.aux_record() == um.aux_record()
@@ -176,3 +179,35 @@ def test_outcomes_do_not_depend_on_hash_randomization():
         assert r.returncode == 0, r.stderr
         digests.add(r.stdout.strip())
     assert len(digests) == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10**9), st.integers(1, 80))
+def test_the_stored_aux_record_does_not_grow_with_deletions_or_pins(seed, n):
+    """Deleted ids and fingerprints and pins are side rows: the compact aux record the shell
+    stores stays the same size however many nodes a user deletes or pins."""
+    um = UserMemory("u1", dedup_max_ids=10)
+    _run(um, _stream(seed, n)[0])
+    base = len(json.dumps(um.aux_record(compact=True)))
+    for i in range(200):
+        um.erase_node(f"gone-{i}")
+        um.forget_content(f"{i:064x}")
+        um.set_pin(f"pinned-{i}", (i, i, f"e{i}", True))
+    assert len(json.dumps(um.aux_record(compact=True))) <= base + 40  # the clock and stats only
+    side = um.side_changes()
+    assert len(side) >= 600 and all(len(json.dumps(v)) < 200 for v in side.values())
+    assert not um.side_changes()  # reported once
+
+
+def test_an_aux_record_of_the_earlier_layout_moves_into_side_rows():
+    """State written by the version that kept deleted ids, fingerprints and pins in the aux
+    record is read as is; the next write moves them into side rows."""
+    legacy = {"motebit_id": "u1", "deleted_node_ids": ["n1"], "deleted_fingerprints": ["f" * 64],
+              "pins": {"n2": [5, 1, "e", True]}, "seen": {"tail": [], "first": 0}, "clock": 3,
+              "last_event_key": None, "stats": {"late": 0}}
+    um = UserMemory.from_nodes("u1", [], legacy)
+    assert um.deleted_node_ids == {"n1"} and um.is_deleted_content("f" * 64) and um.pins["n2"][3] is True
+    side = um.side_changes()
+    assert side == {"~del/n1": 1, f"~fp/{'f' * 64}": 1, "~pin/n2": [5, 1, "e", True]}
+    again = UserMemory.from_nodes("u1", [], um.aux_record(compact=True), side_rows=side)
+    assert again.aux_record() == um.aux_record()
