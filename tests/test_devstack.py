@@ -81,7 +81,7 @@ def test_up_is_idempotent_topics_apply_reports_drift_and_down_leaves_nothing(own
 def test_topics_apply_twice_is_idempotent(stack):
     second = memstream("topics", "apply")
     assert "created" not in second.stdout
-    assert second.stdout.count("exists") == len(catalog.topics())
+    assert second.stdout.count("exists") == len(list(catalog.topics()))
 
 
 def test_worker_refuses_to_start_without_topics():
