@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from faust.web import Request, Response
 
+from ..core.limits import quote
 from .. import catalog, effects
 from ..analytics import classify_graph_budget
 from ..http import authenticated
@@ -38,7 +39,7 @@ def register(rt: "Runtime") -> None:
             code, what = problem
             raise Rejected(f"{code}: key {what}", code)
         if record.get("graphId") != key:
-            raise Rejected(f"record graphId {record.get('graphId')!r} differs from its key {key!r}", "graph.key_mismatch")
+            raise Rejected(f"record graphId {quote(record.get('graphId'))} differs from its key {quote(key)}", "graph.key_mismatch")
         headers = dict(event.message.headers or [])
         event_id = headers.get(EVENT_ID_HEADER)
         old = effects.read(table, key)

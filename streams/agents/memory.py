@@ -55,6 +55,7 @@ from ..core import (
 )
 from ..analytics import classify_outcome
 from ..core.audit import audit_turn
+from ..core.limits import quote
 from ..core.housekeeping import HousekeepingPolicy, sweep_memory
 from ..core.ingest import validate_turn
 from ..core.limits import LimitExceeded, check_id, id_problem
@@ -278,7 +279,7 @@ def register(rt: "Runtime") -> None:
                 code = f"missing_{KEY_FIELD[topic]}"
             raise Rejected(f"{code}: key {what}", code)
         if record.get(KEY_FIELD[topic]) != key:
-            raise Rejected(f"record {KEY_FIELD[topic]} {record.get(KEY_FIELD[topic])!r} differs from its key {key!r}",
+            raise Rejected(f"record {KEY_FIELD[topic]} {quote(record.get(KEY_FIELD[topic]))} differs from its key {quote(key)}",
                            "memory.key_mismatch")
         try:
             um = store.user(key)

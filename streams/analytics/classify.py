@@ -50,10 +50,12 @@ Counter rules
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from .. import catalog
+from ..core.limits import DEFAULT_LIMITS, is_valid_id
 from ..core.vocabulary import try_normalize_action
 from .windows import GRAPH_COST_NANOS, usd_to_nanos
 
@@ -211,6 +213,12 @@ def classify_outcome(outcome: Any, relayed: Iterable[Mapping[str, Any]] = ()) ->
 # --------------------------------------------------------------------------------------------
 
 
+#: a dead letter's key names its analytics subject only if it follows the id rules (generous on
+#: length: MEMSTREAM_MAX_ID_CHARS may be raised); otherwise it counts under the partition's
+#: "(unknown)" subject, so a 200 KB key never becomes a table key
+_SUBJECT_LIMITS = dataclasses.replace(DEFAULT_LIMITS, max_id_chars=1024)
+
+
 def dead_letter_subject(original_key: bytes | str | None, original_topic: str, partition: int | None = None) -> str:
     """The subject a dead letter counts for: the key as ``motebit_id`` (or ``session:<key>`` /
     ``graph:<key>`` for session and graph events) when it is present and valid UTF-8, else
@@ -223,8 +231,8 @@ def dead_letter_subject(original_key: bytes | str | None, original_topic: str, p
             key = None
     else:
         key = original_key if isinstance(original_key, str) else None
-    if not key:
-        return unknown_subject(partition)
+    if not key or not is_valid_id(key, _SUBJECT_LIMITS):
+        return unknown_subject(partition)  # a hostile key never names an analytics row
     if original_topic == catalog.SESSION_EVENTS:
         return session_subject(key)
     if original_topic == catalog.GRAPH_EVENTS:

@@ -268,3 +268,11 @@ def _too_late(s, ledger, name, size, policy) -> int:
         if name in incs[0].counters and t - t % ms + ms + policy.lateness(size) <= clock:
             late += 1
     return late
+
+
+def test_a_dead_letter_whose_key_breaks_the_id_rules_counts_under_its_partitions_unknown_subject():
+    from streams.analytics.classify import dead_letter_subject, unknown_subject
+
+    for bad in (b"victim/x", b"k" * 2000, b"has space", "caf\u00e9".encode()):
+        assert dead_letter_subject(bad, "memory.candidates.v1", 3) == unknown_subject(3)
+    assert dead_letter_subject(b"mb-ada", "memory.candidates.v1", 3) == "mb-ada"
