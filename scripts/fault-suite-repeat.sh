@@ -5,6 +5,8 @@
 #
 #   scripts/fault-suite-repeat.sh 10          # idle machine
 #   scripts/fault-suite-repeat.sh 5 --hog     # two busy-looping processes keep both cores busy
+#   TESTS="tests/test_faults_kafka.py tests/test_poison_kafka.py" scripts/fault-suite-repeat.sh 3
+#                                             # only those files (cheaper; not "inside the suite")
 #
 # Results: one line per run in test-artifacts/fault-repeat.txt (date, load average, outcome of
 # each fault/poison test), the full pytest output in test-artifacts/fault-repeat-<n>.log.
@@ -22,10 +24,11 @@ for i in $(seq 1 "$runs"); do
   fi
   log=test-artifacts/fault-repeat-$i.log
   started=$(date +%s)
-  .venv/bin/python -m pytest -q -rA -p no:cacheprovider >"$log" 2>&1
+  # shellcheck disable=SC2086 # TESTS is a list of paths
+  .venv/bin/python -m pytest -q -rA -p no:cacheprovider ${TESTS:-} >"$log" 2>&1
   rc=$?
   for p in "${hogs[@]}"; do kill "$p" 2>/dev/null; done
   faults=$(grep -E "^(PASSED|FAILED|ERROR) tests/test_(faults|poison)_kafka.py" "$log" | sed 's/ - .*//' | tr '\n' ' ')
-  line="$(date -u +%FT%TZ) run $i/$runs ${hog:-idle} load=$(cut -d' ' -f1-3 /proc/loadavg) rc=$rc $(( $(date +%s) - started ))s :: $faults"
+  line="$(date -u +%FT%TZ) run $i/$runs ${hog:-idle} ${TESTS:-full-suite} load=$(cut -d' ' -f1-3 /proc/loadavg) rc=$rc $(( $(date +%s) - started ))s :: $faults"
   echo "$line" | tee -a "$out"
 done
