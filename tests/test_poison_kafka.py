@@ -10,6 +10,8 @@ Mixed among 1,000 valid candidates of other users (two `memstream worker` proces
 - a key/`motebit_id` mismatch whose id is 400 KB (the dead letter must still fit);
 - two 600 KB negotiator `remember` calls over HTTP.
 
+And a user whose stored rows cannot be rebuilt is contained (DLQ, 503, gauge), not the worker.
+
 Expected: no worker exits; each poison record is on pipeline.dlq.v1 exactly once with a reason;
 every valid record is applied and the final node state equals a reference run (one fresh worker
 of another group) over the same input; the same after both workers restart (no crash loop).
@@ -27,7 +29,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from streams import catalog, kafkatools
@@ -176,3 +179,46 @@ def _set_config(admin: AdminClient, topic: str, config: dict[str, str]) -> None:
         except Exception:  # noqa: BLE001 - the changelog may not exist yet right after start
             assert time.monotonic() < deadline, f"could not configure {topic}"
             time.sleep(1)
+
+
+def test_a_user_whose_rows_cannot_be_rebuilt_is_contained_and_everybody_else_served(stack, unique):
+    """A node row the core cannot read (written into the changelog by hand, as a bug or an
+    older version might have) makes that one user unavailable — its records dead-lettered with
+    the reason, its queries 503 with Retry-After, the gauge at 1 — while other users are served."""
+    broken, fine = f"mb-broken-{unique}", f"mb-fine-{unique}"
+    sc = begin(stack, f"contain-{unique}", [(broken, {}), (fine, {})])
+    fleet = fleet_for(sc, "fleet")
+    changelog = f"{fleet.app_id}-memory-state-changelog"
+    admin = AdminClient({"bootstrap.servers": stack.broker})
+    admin.create_topics([NewTopic(changelog, stack.partitions, 1, config={"cleanup.policy": "compact"})])[changelog].result(30)
+    p = Producer({"bootstrap.servers": stack.broker, "partitioner": "murmur2_random"})
+    p.produce(changelog, key=f"{broken}/n-1".encode(), value=json.dumps({"motebit_id": broken, "node_id": "n-1"}).encode())
+    assert p.flush(30) == 0
+    fleet.start("a")
+    produce(stack, catalog.MEMORY_CANDIDATES, [
+        (broken, candidate(broken, f"c-{unique}-1", BASE_TS, "A fact of the broken user.")),
+        (fine, candidate(fine, f"c-{unique}-2", BASE_TS, "A fact of the fine user.")),
+    ])
+    ends = kafkatools.end_offsets(stack, INPUTS)
+    fleet.wait_caught_up(ends)
+    port = fleet.ports["a"]
+    status, body = answers(port, [fine])[fine]
+    assert status == 200 and [n["content"] for n in body["nodes"]] == ["A fact of the fine user."]
+    got = _get_with_headers(port, f"/v1/memory/{broken}/nodes")
+    assert got[0] == 503 and got[1].get("Retry-After") and "cannot be rebuilt" in got[2]
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=15).read().decode()
+    assert "memstream_memory_users_contained 1" in metrics
+    fleet.alive()
+    fleet.stop_all()
+    letters = read_outputs(stack, sc.outputs_start, kafkatools.end_offsets(stack, OUTPUTS)).dead_letters
+    assert [(d["original_key"], d["error_class"]) for d in letters] == [(broken.encode(), "memory.user_contained")]
+    assert "cannot be rebuilt" in letters[0]["reason"] and letters[0]["original_value"]  # kept for a replay
+
+
+def _get_with_headers(port: int, path: str) -> tuple[int, dict, str]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"Bearer {TOKEN}"})
+    try:
+        with urllib.request.urlopen(req, timeout=15) as r:
+            return r.status, dict(r.headers), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read().decode()
