@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterator, Protocol
 
 from faust import streams as faust_streams
+from faust.stores.base import SerializedStore
 from faust.types import EventT, TableT
 
 DELETE = object()  #: a staged value meaning "remove the row"
@@ -106,8 +107,10 @@ def updates_only(table: TableT) -> TableT:
 
 
 def _current(table: TableT, key: str) -> Any:
-    # a private copy: a memory:// table hands out its stored object itself
-    return copy.deepcopy(table.get(key))
+    """A private copy of the row: a serialized store (RocksDB) decodes a new object on every
+    read; any other (memory://, a test's dict) hands out its stored object itself."""
+    row = table.get(key)
+    return row if isinstance(getattr(table, "data", None), SerializedStore) else copy.deepcopy(row)
 
 
 def _evaluate(value: Any, table: TableT, key: str, batch: "Batch | None") -> Any:
