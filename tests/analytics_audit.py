@@ -185,10 +185,11 @@ def run(settings: Settings, tag: str, users: int = 8, chunk: int = 40, pause_s: 
         produce_chunks(settings, items[:split], chunk, pause_s)
         if kill_after is None:
             return _finish(settings, app_id, port, subjects, out_start, len(items), started, settle_s, log, tag)
-        time.sleep(pause_s)  # the worker is busy with the last chunks
+        # at once: the worker is busy with the last chunk; what it has not committed is replayed
+        uncommitted = kafkatools.group_lag(settings, app_id, kafkatools.end_offsets(settings, INPUTS))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        log(f"[{tag}] worker SIGKILLed after {split} of {len(items)} records")
+        log(f"[{tag}] worker SIGKILLed after {split} of {len(items)} records ({uncommitted} not committed)")
     produce_chunks(settings, items[split:], chunk, 0.0)
     port = free_port()
     with worker(settings, f"audit-{tag}", env={**env, "MEMSTREAM_WEB_PORT": str(port)}):
