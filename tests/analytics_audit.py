@@ -139,15 +139,17 @@ def expected_counts(settings: Settings, start: kafkatools.Offsets, subjects: set
         count(classify_relay_event(m["value"]))
     for m in read_to_end(settings, catalog.MEMORY_QUARANTINE, keep=after_start(catalog.MEMORY_QUARANTINE)):
         count(classify_quarantine(m["value"]))
-    # the worker numbers the dead letters of one source record 0, 1, ... (Runtime.dead_letter):
-    # consecutive dead letters of the same (topic, partition, offset)
-    last: dict[tuple[str, int], tuple[int, int]] = {}
+    # a worker numbers the dead letters of one source record 0, 1, ... (Runtime.dead_letter):
+    # consecutive dead letters of the same (topic, partition, offset) from the same worker
+    # process (a restarted worker — another port in `worker` — numbers a replayed record's
+    # dead letters from 0 again: the same ids, so the same dead letter is counted once)
+    last: dict[tuple[str, int], tuple[int, int, str]] = {}
     for m in read_to_end(settings, catalog.DLQ, keep=after_start(catalog.DLQ)):
         d = m["value"]
         src = (d["original_topic"], d["original_partition"])
-        off, idx = last.get(src, (-1, -1))
-        idx = idx + 1 if off == d["original_offset"] else 0
-        last[src] = (d["original_offset"], idx)
+        off, idx, by = last.get(src, (-1, -1, ""))
+        idx = idx + 1 if off == d["original_offset"] and by == d["worker"] else 0
+        last[src] = (d["original_offset"], idx, d["worker"])
         count(classify_dead_letter(d, 0, index=idx, partition=d["original_partition"]))
     return out
 

@@ -39,7 +39,6 @@ from .. import catalog, effects
 from ..analytics import (
     HOUR,
     MINUTE,
-    SIZES,
     add_increment,
     expire,
     is_expired,
@@ -108,8 +107,7 @@ def register(rt: "Runtime") -> None:
     def _expirable(state: dict, clock: int | None) -> bool:
         own = state.get("clock")
         clock = own if clock is None else clock if own is None else max(own, clock)
-        return any(is_expired(w["window"], w["start"], clock) for w in state["windows"].values()
-                   if w["window"] in SIZES)
+        return any(is_expired(w["window"], w["start"], clock) for w in state["windows"].values())
 
     rt.ticks("analytics", catalog.MEMORY_CANDIDATES, publish)
 
