@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from .settings import Settings
 
@@ -23,19 +23,32 @@ def consumer(settings: Settings, group: str) -> Consumer:
                      "log_level": 0})
 
 
-def end_offsets(settings: Settings, topics: list[str]) -> Offsets:
-    """The high watermark of every partition of `topics`."""
-    c = consumer(settings, "memstream-probe")
-    try:
-        md = c.list_topics(timeout=10)
-        out = {}
-        for name in topics:
-            for p in md.topics[name].partitions:
-                _low, high = c.get_watermark_offsets(TopicPartition(name, p), timeout=10)
-                out[(name, p)] = high
-        return out
-    finally:
-        c.close()
+#: errors a restarting broker answers until it has re-elected its partition leaders
+_TRANSIENT = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError._TRANSPORT,
+              KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN}
+
+
+def end_offsets(settings: Settings, topics: list[str], retry_s: float = 30.0) -> Offsets:
+    """The high watermark of every partition of `topics`. A retriable error (e.g. "not leader
+    for partition" while a restarted broker re-elects leaders) is retried for `retry_s`."""
+    deadline = time.monotonic() + retry_s
+    while True:
+        c = consumer(settings, "memstream-probe")
+        try:
+            md = c.list_topics(timeout=10)
+            out = {}
+            for name in topics:
+                for p in md.topics[name].partitions:
+                    _low, high = c.get_watermark_offsets(TopicPartition(name, p), timeout=10)
+                    out[(name, p)] = high
+            return out
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not (err.retriable() or err.code() in _TRANSIENT) or time.monotonic() > deadline:
+                raise
+        finally:
+            c.close()
+        time.sleep(0.5)
 
 
 def position_group(settings: Settings, group: str, offsets: Offsets) -> None:
