@@ -32,11 +32,41 @@ per-user row, which also carries the node rows of the batch as a redo log) can a
 A handler that fails unexpectedly (a bug, not bad input) has its record dead-lettered by
 `Runtime.guard`; the attempt's staged state is dropped, the agent's derived caches are rebuilt
 from the tables (`DerivedCache.invalidate`) and the batch runs again without that record.
+
+Tables with more than one writer
+--------------------------------
+Step 2 awaits the broker, so other agents' batches and timers run between a batch's reads and
+its writes. A row staged as a *value* is what the batch computed from what it read: if another
+writer changed the row meanwhile, writing the value loses that change. So every table has one
+writer discipline, and a table written by several agents uses one of these two:
+
+* **one lock**: every writer of the table runs its batches under the same `asyncio.Lock`
+  (passed to `Runtime.stateful_agent` / `Runtime.ticks`), from its first read to its last
+  write. The writers then never interleave; staged values are safe.
+* **updates** (`update`): a write staged as a function ``fn(row) -> row``, applied in step 3 to
+  the row *as it is then* (a private copy of it; None when absent), after the batch's earlier
+  staged writes of that key. Writers may then interleave freely as long as their functions
+  commute on what they change (adding to counters does; marking "published up to revision r"
+  does). `updates_only(table)` makes `write` refuse plain values for such a table.
+
+Which table uses which (keep this list current when adding a writer: `Runtime.tables` lists
+the tables; grep `effects.write(`, `effects.update(` and `feed_analytics` for their writers;
+docs/state.md has the same list):
+
+- ``analytics``: updates. Writers: the analytics feed (`Runtime.feed_analytics`), called from
+  the memory agent's batches, the memory housekeeping tick, the session agent, the graph agent
+  and every dead letter (`Runtime.dead_letter`, any agent); and the analytics publish tick.
+- ``memory-state``: one lock (``MemoryStore.lock``): the memory agent and the memory
+  housekeeping tick.
+- ``graph-state``: one lock (the graph module's): the graph agent and the graph stall tick.
+- ``negotiator`` (memory agent), ``session-ledger`` (session agent), ``relay-policy``
+  (relay-policy agent): a single writer each.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import weakref
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -44,18 +74,76 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterator, Protocol
 
 from faust import streams as faust_streams
+from faust.stores.base import SerializedStore
 from faust.types import EventT, TableT
 
 DELETE = object()  #: a staged value meaning "remove the row"
+
+
+@dataclass(frozen=True)
+class Update:
+    """A write computed from the row as it is when written: ``fn(row)`` gets a private copy of
+    the row (None when absent) and returns the new row, or DELETE. It may run more than once
+    for one write when the batch reads the key back (`read`), so keep it free of effects other
+    than on the row (counting statistics is tolerable)."""
+
+    fn: Callable[[Any], Any]
 
 
 @dataclass
 class _Write:
     table: TableT
     key: str
-    value: Any  # a row, DELETE, or a callable(batch) -> row evaluated when written
+    value: Any  # a row, DELETE, an Update, or a callable(batch) -> row evaluated when written
     event: EventT
     first: bool
+
+
+#: id(table) -> a reference to it (tables are unhashable; the reference tells a reused id apart)
+_UPDATES_ONLY: dict[int, Callable[[], Any]] = {}
+
+
+def updates_only(table: TableT) -> TableT:
+    """Declare a table with several unsynchronized writers: `write` of a plain value (which
+    would overwrite the others' changes made since it was read) raises; use `update`."""
+    try:
+        ref: Callable[[], Any] = weakref.ref(table)
+    except TypeError:  # not weak-referenceable: keep it (tables live as long as the app)
+        ref = lambda: table  # noqa: E731
+    _UPDATES_ONLY[id(table)] = ref
+    return table
+
+
+def _current(table: TableT, key: str) -> Any:
+    """A private copy of the row: a serialized store (RocksDB) decodes a new object on every
+    read; any other (memory://, a test's dict) hands out its stored object itself."""
+    row = table.get(key)
+    return row if isinstance(getattr(table, "data", None), SerializedStore) else copy.deepcopy(row)
+
+
+def _evaluate(value: Any, table: TableT, key: str, batch: "Batch | None") -> Any:
+    """The row a staged value stands for, now."""
+    if isinstance(value, Update):
+        return value.fn(_current(table, key))
+    if callable(value):
+        return value(batch)
+    return value
+
+
+def _then(first: Any, then: Update, batch: "Batch") -> Update:
+    """`then` applied after an earlier staged value of the same key (a value, DELETE, an Update
+    or a callable(batch))."""
+    def fn(row: Any) -> Any:
+        if isinstance(first, Update):
+            before = first.fn(row)
+        elif first is DELETE:
+            before = DELETE
+        elif callable(first):
+            before = first(batch)
+        else:
+            before = copy.deepcopy(first)
+        return then.fn(None if before is DELETE else before)
+    return Update(fn)
 
 
 @dataclass
@@ -86,19 +174,28 @@ class Batch:
         if slot not in self.writes:
             group = key.split(group_sep, 1)[0]
             self.groups.setdefault((id(table), group), []).append(key)
+        elif isinstance(value, Update):
+            value = _then(self.writes[slot].value, value, self)
         self.writes[slot] = _Write(table, key, value, self.event, first)
 
     def staged(self, table: TableT, key: str, default: Any = None) -> Any:
-        """Read through the batch: the last value staged for the key, else the table's."""
+        """Read through the batch: the last value staged for the key (an update: applied to
+        the table's row as it is now), else the table's."""
         w = self.writes.get((id(table), key))
         if w is None:
             return table.get(key, default)
-        return default if w.value is DELETE else w.value
+        value = w.value.fn(_current(table, key)) if isinstance(w.value, Update) else w.value
+        return default if value is DELETE else value
 
     def staged_rows(self, table: TableT, group: str) -> dict[str, Any]:
-        """The last staged value of every key of `table` of the form `<group>/...` (DELETE kept)."""
-        return {k: self.writes[(id(table), k)].value for k in self.groups.get((id(table), group), ())
-                if k != group}
+        """The last staged value of every key of `table` of the form `<group>/...` (DELETE kept;
+        an update applied to the table's row as it is now)."""
+        out = {}
+        for k in self.groups.get((id(table), group), ()):
+            if k != group:
+                v = self.writes[(id(table), k)].value
+                out[k] = v.fn(_current(table, k)) if isinstance(v, Update) else v
+        return out
 
     async def wait_for_outputs(self) -> None:
         if self.acks:
@@ -115,7 +212,7 @@ class Batch:
         ordered = sorted(self.writes.values(), key=lambda w: not w.first)  # stable: staging order kept
         for w in ordered:
             with in_event(w.event):
-                value = w.value(self) if callable(w.value) else w.value
+                value = _evaluate(w.value, w.table, w.key, self)
                 if value is DELETE:
                     w.table.pop(w.key, None)
                 else:
@@ -167,15 +264,26 @@ def add_bytes(group: str, n: int, budget: int) -> None:
 
 def write(table: TableT, key: str, value: Any, first: bool = False) -> None:
     """Set (or, with DELETE, remove) a table row: staged inside a batch, at once outside one."""
+    ref = _UPDATES_ONLY.get(id(table))
+    if ref is not None and ref() is table and not isinstance(value, Update):
+        raise TypeError(f"table {getattr(table, 'name', table)!r} has several writers: "
+                        "change its rows with effects.update, not by writing a value")
     batch = _CURRENT.get()
     if batch is not None:
         batch.stage(table, key, value, first)
         return
-    value = value(None) if callable(value) else value
+    value = _evaluate(value, table, key, None)
     if value is DELETE:
         table.pop(key, None)
     else:
         table[key] = value
+
+
+def update(table: TableT, key: str, fn: Callable[[Any], Any], first: bool = False) -> None:
+    """Change a row by `fn(row) -> row` (or DELETE) applied to the row as it is when written:
+    staged inside a batch (after the batch's earlier writes of the key), at once outside one.
+    The discipline of a table that several agents write without a common lock."""
+    write(table, key, Update(fn), first)
 
 
 def read(table: TableT, key: str, default: Any = None) -> Any:

@@ -41,7 +41,7 @@ def retrying(call: Callable[[], T], what: str, timeout: float = 60.0) -> T:
             return call()
         except KafkaException as exc:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            if err is None or err.code() not in _TRANSIENT or time.monotonic() + delay > deadline:
+            if err is None or not (err.retriable() or err.code() in _TRANSIENT) or time.monotonic() + delay > deadline:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 2.0)

@@ -37,7 +37,7 @@ class Settings:
     replication: int = field(default=1, metadata={"doc": "Replication factor of every catalog topic."})
     # --- the worker ---------------------------------------------------------------------
     app_id: str = field(default="memstream", metadata={"doc": "Faust app id = Kafka consumer group id and changelog prefix."})
-    store: str = field(default="rocksdb://", metadata={"doc": "Faust table store: rocksdb:// (production) or memory:// (tests)."})
+    store: str = field(default="rocksdb://", metadata={"doc": "Faust table store: rocksdb:// (production and the Kafka tests) or memory:// (nothing kept on disk)."})
     web_port: int = field(default=6066, metadata={"doc": "HTTP port of this worker (each worker on one host needs its own)."})
     web_host: str = field(default="127.0.0.1", metadata={"doc": "Interface the worker's HTTP server binds and advertises."})
     data_dir: str = field(default="var/worker", metadata={"doc": "Faust data dir (RocksDB tables); one per worker on a host."})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -31,8 +32,14 @@ TEST_ENV = {
     "MEMSTREAM_REGISTRY_URL": f"http://127.0.0.1:{28081 + PORT_OFFSET}/apis/ccompat/v7",
     "MEMSTREAM_STACK_DIR": str(ROOT / ".memstream" / "test-stack"),
     "MEMSTREAM_PARTITIONS": "4",
-    "MEMSTREAM_STORE": "memory://",
+    # the production store: tables are serialized (every read is a new object) and recover from
+    # local RocksDB + changelog. memory:// hands out shared objects, which hid issue 17's race.
+    "MEMSTREAM_STORE": "rocksdb://",
 }
+#: Every worker's data dir (RocksDB tables) lives under here, one per worker (tests/kafka_util.py
+#: `worker`, tests/test_faults_kafka.py `Fleet`); wiped with the broker at the start of a session:
+#: a local store's offsets refer to the broker it was filled from.
+TEST_DATA = ROOT / ".memstream" / "test-data"
 
 
 def memstream(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
@@ -64,6 +71,7 @@ def stack(settings):
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         memstream("dev", "down", "--wipe", check=False)
+        shutil.rmtree(TEST_DATA, ignore_errors=True)
         started = time.monotonic()
         memstream("dev", "up")
         print(f"\n[stack] test stack up in {time.monotonic() - started:.1f}s", file=sys.stderr)

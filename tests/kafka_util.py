@@ -22,7 +22,7 @@ from streams import catalog, kafkatools
 from streams.settings import Settings
 from streams.wire import CodecFactory, InvalidKeyError, decode_key, encode_key
 
-from .conftest import ROOT, TEST_ENV
+from .conftest import ROOT, TEST_DATA, TEST_ENV
 
 _FACTORIES: dict[str, CodecFactory] = {}
 
@@ -113,8 +113,9 @@ def worker(settings: Settings, name: str, env: dict[str, str] | None = None,
     inputs = [t.name for t in catalog.topics() if t.direction == "in"]
     if not from_start and not _has_offsets(settings, app_id, inputs):
         kafkatools.position_group(settings, app_id, kafkatools.end_offsets(settings, inputs))
-    full_env.setdefault("MEMSTREAM_DATA_DIR", str(ROOT / ".memstream" / "test-data" / name))
+    data_dir = full_env.setdefault("MEMSTREAM_DATA_DIR", str(TEST_DATA / name))
     full_env.setdefault("MEMSTREAM_WEB_PORT", str(free_port()))
+    claim_data_dir(data_dir)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "streams", "worker"], cwd=ROOT, env=full_env,
                                 stdout=log, stderr=subprocess.STDOUT)
@@ -136,6 +137,22 @@ def worker(settings: Settings, name: str, env: dict[str, str] | None = None,
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        release_data_dir(data_dir)
+
+
+_DATA_DIRS_IN_USE: set[str] = set()
+
+
+def claim_data_dir(path: str) -> None:
+    """Two live workers on one data dir would share RocksDB tables (SPEC §7: one per worker)."""
+    path = os.path.realpath(path)
+    if path in _DATA_DIRS_IN_USE:
+        raise AssertionError(f"data dir {path} is already used by a running test worker")
+    _DATA_DIRS_IN_USE.add(path)
+
+
+def release_data_dir(path: str) -> None:
+    _DATA_DIRS_IN_USE.discard(os.path.realpath(path))
 
 
 def _key(raw: bytes | None) -> str | bytes | None:

@@ -4,12 +4,11 @@ record the order and the event context of every write; acks are futures resolved
 from __future__ import annotations
 
 import asyncio
-
-from hypothesis import given
-from hypothesis import strategies as st
 from types import SimpleNamespace
 
 from faust.streams import current_event
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streams import effects
 
@@ -224,3 +223,84 @@ def test_the_redo_log_is_bounded_by_the_budget_plus_one_record_whatever_the_back
     durable, redo = _sized_batch(sizes, budget)
     assert [o for attempt in durable for o in attempt] == list(range(len(sizes)))  # each once, in order
     assert all(r <= budget + max(sizes) for r in redo)
+
+
+def test_an_update_applies_to_the_row_as_it_is_when_written_after_the_batch_own_writes():
+    log: list = []
+    table = Table(log)
+    dict.__setitem__(table, "n", {"count": 1})
+    release = None
+
+    def add(k):
+        def fn(row):
+            row = dict(row or {"count": 0})
+            row["count"] += k
+            return row
+        return fn
+
+    async def scenario():
+        nonlocal release
+        release = asyncio.get_running_loop().create_future()
+
+        async def slow(ev) -> bool:
+            effects.update(table, "n", add(10))
+            effects.update(table, "n", add(100))  # composed after the first
+            assert effects.read(table, "n") == {"count": 111}  # read-through, nothing written
+            assert table["n"] == {"count": 1}
+            effects.record_ack(release)
+            return True
+
+        async def quick(ev) -> bool:
+            effects.update(table, "n", add(1000))
+            return True
+
+        task = asyncio.create_task(effects.run_batch([event(0, 1)], slow))
+        await asyncio.sleep(0.01)
+        await effects.run_batch([event(0, 2)], quick)  # writes while the slow batch awaits the broker
+        assert table["n"] == {"count": 1001}
+        release.set_result(None)
+        await task
+
+    asyncio.run(scenario())
+    assert table["n"] == {"count": 1111}  # neither batch's change lost
+    assert [(k, v["count"], p) for k, v, p in log] == [("n", 1001, 0), ("n", 1111, 0)]  # one write per batch
+
+
+def test_an_update_after_a_staged_value_or_delete_builds_on_it_and_sees_a_private_copy():
+    table = Table([])
+    stored = {"count": 5}
+    dict.__setitem__(table, "n", stored)
+
+    def bump(row):
+        row = row if row is not None else {"count": 0}
+        row["count"] += 1  # in place: it must be a copy
+        return row
+
+    async def handle(ev) -> bool:
+        effects.write(table, "a", {"count": 40})
+        effects.update(table, "a", bump)
+        effects.write(table, "d", effects.DELETE)
+        effects.update(table, "d", bump)
+        effects.update(table, "n", bump)
+        return True
+
+    asyncio.run(effects.run_batch([event(2, 1)], handle))
+    assert table["a"] == {"count": 41} and table["d"] == {"count": 1} and table["n"] == {"count": 6}
+    assert stored == {"count": 5}  # the table's own object was not changed in place
+
+    with effects.in_event(event(2, 2)):  # outside a batch: at once
+        effects.update(table, "n", bump)
+    assert table["n"] == {"count": 7}
+
+
+def test_a_table_declared_updates_only_refuses_plain_writes():
+    table = effects.updates_only(Table([]))
+    with effects.in_event(event(0, 0)):
+        try:
+            effects.write(table, "k", {"count": 1})
+        except TypeError as exc:
+            assert "effects.update" in str(exc)
+        else:
+            raise AssertionError("a plain write to an updates-only table was accepted")
+        effects.update(table, "k", lambda row: {"count": 1})
+    assert table["k"] == {"count": 1}

@@ -37,8 +37,8 @@ from streams import catalog, devstack, kafkatools
 from streams.settings import Settings
 from streams.wire import decode_key, encode_key
 
-from .conftest import ROOT, TEST_ENV
-from .kafka_util import candidate, codecs, free_port, http_get, producer
+from .conftest import ROOT, TEST_DATA, TEST_ENV
+from .kafka_util import candidate, claim_data_dir, codecs, free_port, http_get, producer, release_data_dir
 
 pytestmark = pytest.mark.kafka
 
@@ -126,16 +126,21 @@ class Fleet:
         self.ports.setdefault(name, free_port())
         self.starts[name] = self.starts.get(name, 0) + 1
         env = {**TEST_ENV, "MEMSTREAM_APP_ID": self.app_id, "MEMSTREAM_WEB_PORT": str(self.ports[name]),
-               "MEMSTREAM_DATA_DIR": str(ROOT / ".memstream" / "test-data" / f"{self.app_id}-{name}"),
+               "MEMSTREAM_DATA_DIR": self.data_dir(name),
                "MEMSTREAM_API_TOKENS": f"{TOKEN}:secret", "MEMSTREAM_TIMER_INTERVAL_S": "3600",
                "MEMSTREAM_SESSION_TIMEOUT_S": "6", **self.env}
         path = self.log_path(name)
         path.parent.mkdir(parents=True, exist_ok=True)
+        claim_data_dir(env["MEMSTREAM_DATA_DIR"])
         with open(path, "wb") as log:
             self.procs[name] = subprocess.Popen([sys.executable, "-m", "streams", "worker"], cwd=ROOT,
                                                 env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
         if wait:
             self.wait_ready(name)
+
+    def data_dir(self, name: str) -> str:
+        """One per worker name (a restarted worker finds its RocksDB tables again)."""
+        return str(TEST_DATA / f"{self.app_id}-{name}")
 
     def wait_ready(self, name: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -150,12 +155,14 @@ class Fleet:
         proc = self.procs.pop(name)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        release_data_dir(self.data_dir(name))
 
     def stop(self, name: str) -> None:
         """A clean stop (SIGTERM): the worker commits and leaves the group."""
         proc = self.procs.pop(name)
         proc.terminate()
         proc.wait(60)
+        release_data_dir(self.data_dir(name))
 
     def alive(self) -> None:
         for name, proc in self.procs.items():
@@ -296,7 +303,7 @@ def finish_and_compare(sc: Scenario, fleet: Fleet) -> dict:
     middle = kafkatools.end_offsets(sc.settings, OUTPUTS)
     got = read_outputs(sc.settings, sc.outputs_start, middle)
 
-    ref = fleet_for(sc, "reference", MEMSTREAM_STORE="memory://", MEMSTREAM_STANDBY_REPLICAS="0")
+    ref = fleet_for(sc, "reference", MEMSTREAM_STANDBY_REPLICAS="0")
     ref.start("only")
     ref.wait_caught_up(sc.inputs_end)
     time.sleep(1)

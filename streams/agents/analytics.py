@@ -7,6 +7,20 @@ event's partition, which owns the subject). A partition-local timer publishes ev
 old ones; the state is a table, so after a restart or a rebalance the recovered windows are
 still published and expired (no reliance on Faust's window-close callback).
 
+Writers: the `analytics` table is written by the publish tick and by every agent that feeds it
+(memory batches and housekeeping, sessions, graphs, dead letters of any agent), each under its
+own lock, and each batch awaits the broker between its reads and its writes. So no writer
+stages a row it read: every change is an `effects.update`, a function applied to the row as it
+is when the batch writes (streams/effects.py, "Tables with more than one writer"):
+
+- the feed adds its increments (`add_increment`) to that row;
+- the tick publishes the windows due in the row it read, then marks *those snapshots*
+  published (`mark_published`: a window counted again since keeps `rev > published`, so it
+  stays due) and expires (`expire` drops only published windows) in the row as it is then.
+
+Both commute, so no interleaving of feeds and ticks loses an increment or drops an unpublished
+window. The table is declared `effects.updates_only`: a plain `effects.write` to it raises.
+
 Record key: the catalog keys memory.analytics.v1 by `motebit_id`; each record is the complete
 aggregate of one window (`window`, `window_start` in the value), so re-publishing is harmless.
 Because the topic is compacted, a reader that starts late sees only the latest window per
@@ -29,6 +43,7 @@ from ..analytics import (
     MINUTE,
     add_increment,
     expire,
+    is_expired,
     mark_published,
     merge_summaries,
     new_state,
@@ -51,16 +66,24 @@ PEER_TIMEOUT_S = 5.0  # a fleet summary asks every other worker for its part
 
 def register(rt: "Runtime") -> None:
     app = rt.app
-    table = rt.table("analytics")
+    table = effects.updates_only(rt.table("analytics"))
 
     def feed(increments: Iterable) -> None:
         now = int(time.time() * 1000)
+        by_subject: dict[str, list] = {}
         for inc in increments:
-            state = effects.read(table, inc.subject) or new_state(inc.subject)
-            result = add_increment(state, inc, now_ms=now)
-            for refused in result.refused:
-                rt.count(f"analytics_refused:{refused.reason}")
-            effects.write(table, inc.subject, state)
+            by_subject.setdefault(inc.subject, []).append(inc)
+        for subject, incs in by_subject.items():
+            effects.update(table, subject, _adder(subject, incs, now))
+
+    def _adder(subject: str, incs: list, now_ms: int):
+        def add_to(state: dict | None) -> dict:
+            state = state if state is not None else new_state(subject)
+            for inc in incs:
+                for refused in add_increment(state, inc, now_ms=now_ms).refused:
+                    rt.count(f"analytics_refused:{refused.reason}")
+            return state
+        return add_to
 
     rt.feed_analytics = feed
 
@@ -68,14 +91,26 @@ def register(rt: "Runtime") -> None:
         mine = [(s, st) for s, st in list(table.items())
                 if st is not None and subject_partition(s, rt.partition_of) == partition]
         clock = partition_clock(st for _s, st in mine)
-        for subject, state in mine:
+        for subject, state in mine:  # `state` is as read: rows change while the sends await
             pairs = records_due(state)
             for _snapshot, record in pairs:
                 await rt.send(catalog.MEMORY_ANALYTICS, subject, record)
-            mark_published(state, [snap for snap, _r in pairs])
-            dropped = expire(state, clock)
-            if pairs or dropped:
-                effects.write(table, subject, state)
+            if pairs or _expirable(state, clock):
+                effects.update(table, subject, _publisher([snap for snap, _r in pairs], clock))
+
+    def _publisher(snapshots: list, clock: int | None):
+        def published(state: dict | None):
+            if state is None:  # never deleted; nothing to mark
+                return effects.DELETE
+            mark_published(state, snapshots)
+            expire(state, clock)
+            return state
+        return published
+
+    def _expirable(state: dict, clock: int | None) -> bool:
+        own = state.get("clock")
+        clock = own if clock is None else clock if own is None else max(own, clock)
+        return any(is_expired(w["window"], w["start"], clock) for w in state["windows"].values())
 
     rt.ticks("analytics", catalog.MEMORY_CANDIDATES, publish)
 

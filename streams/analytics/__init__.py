@@ -22,15 +22,18 @@ What the Faust shell does (one table ``analytics``: key = subject, value = windo
    * session agent: ``classify_compaction(old_state, new_state, record["ts"])``;
    * graph agent: ``classify_graph_budget(old_state, new_state)``.
 
-   For each increment: ``state = table.get(inc.subject) or new_state(inc.subject)``;
-   ``result = add_increment(state, inc, now_ms=wall_clock_ms)``; ``table[inc.subject] =
-   state``; count ``result.refused`` (``too_late`` / ``too_early``) in the worker stats.
+   For each subject, stage ``effects.update(table, subject, fn)`` where ``fn(state)`` does, on
+   the row as it is when the batch writes, ``state = state or new_state(subject)``; ``result =
+   add_increment(state, inc, now_ms=wall_clock_ms)`` per increment; counts ``result.refused``
+   (``too_late`` / ``too_early``) in the worker stats; returns ``state``. Never a row read
+   earlier: the table has several writers (docs/state.md).
 2. Publish and expire on a partition-local timer (``Runtime.ticks``), for partition ``p``: the
    subjects with ``subject_partition(subject, rt.partition_of) == p``; ``clock =
    partition_clock(their states)``; per subject: ``pairs = records_due(state)``; send every
    record (key ``record_key(subject, record)`` — recommended — or the subject, see
-   :mod:`.windows`); then ``mark_published(state, [w for w, _ in pairs])``; ``expire(state,
-   clock)``; ``table[subject] = state``. Sends first, table write last: a crash re-publishes
+   :mod:`.windows`); then, as an ``effects.update`` applied to the row as it is when written
+   (increments counted during the sends are in it), ``mark_published(state, [w for w, _ in
+   pairs])``; ``expire(state, clock)``. Sends first, table write last: a crash re-publishes
    (the same complete aggregates, harmless) instead of losing a publication. After a restart or
    a rebalance the recovered table publishes what was pending and expires what is due at its
    first tick — no window-close callback is involved.
