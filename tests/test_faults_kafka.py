@@ -157,6 +157,17 @@ class Fleet:
         proc.wait()
         release_data_dir(self.data_dir(name))
 
+    def reap(self, name: str, timeout: float = 90) -> int:
+        """Wait for a worker that stops by itself; its exit status."""
+        proc = self.procs[name]
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"worker {name} did not stop within {timeout:.0f}s; log {self.log_path(name)}") from None
+        self.procs.pop(name)
+        release_data_dir(self.data_dir(name))
+        return proc.returncode
+
     def stop(self, name: str) -> None:
         """A clean stop (SIGTERM): the worker commits and leaves the group."""
         proc = self.procs.pop(name)
