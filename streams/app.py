@@ -95,6 +95,8 @@ class Runtime:
         self.feed_analytics: Callable[[Any], None] = lambda increments: None
         self._dlq_index: dict[tuple[str, int], tuple[int, int]] = {}
         self.tables: dict[str, faust.types.TableT] = {}
+        #: (name, partitions, retention ms) of the internal topics: the worker creates them first
+        self.internal_topics: list[tuple[str, int, int | None]] = []
         self.View = api_view(parse_tokens(settings.api_tokens))  # base class of every HTTP view
 
     def input_channel(self, *names: str) -> faust.TopicT:
@@ -129,6 +131,18 @@ class Runtime:
         self.tables[name] = table
         return table
 
+    def internal_topic(self, suffix: str, retention: timedelta | None = None) -> faust.TopicT:
+        """An internal topic `<app_id>-<suffix>` (raw bytes, the catalog's partition count),
+        recorded in `internal_topics` so that the worker creates it before Faust subscribes:
+        a topic Faust creates itself at start-up may not be in the broker's metadata yet when
+        the consumer subscribes, and aiokafka then ignores it until its next metadata refresh
+        (minutes: no ticks, no housekeeping, no analytics publishing until then)."""
+        topic = self.app.topic(f"{self.settings.app_id}-{suffix}", partitions=self.settings.partitions,
+                               internal=True, key_serializer="raw", value_serializer="raw", retention=retention)
+        self.internal_topics.append((topic.get_topic_name(), self.settings.partitions,
+                                     int(retention.total_seconds() * 1000) if retention else None))
+        return topic
+
     def partition_of(self, key: str) -> int:
         """The partition of a UTF-8 key in every catalog topic (murmur2, as the Java client)."""
         return (murmur2(key.encode()) & 0x7FFFFFFF) % self.settings.partitions
@@ -146,9 +160,7 @@ class Runtime:
         the agent that owns the same state).
         """
         lock = lock or asyncio.Lock()
-        topic = self.app.topic(f"{self.settings.app_id}-{name}-ticks", partitions=self.settings.partitions,
-                               internal=True, key_serializer="raw", value_serializer="raw",
-                               retention=timedelta(hours=1))
+        topic = self.internal_topic(f"{name}-ticks", retention=timedelta(hours=1))
 
         async def handle(event: faust.types.EventT) -> bool:
             try:
@@ -308,10 +320,15 @@ def _advertised_host(settings: Settings) -> str:
     return socket.gethostname() if settings.web_host in ("0.0.0.0", "::") else settings.web_host
 
 
-def create_app(settings: Settings) -> faust.App:
-    """The memstream Faust app with every agent and view registered."""
+def create_runtime(settings: Settings) -> Runtime:
+    """The memstream runtime: its Faust app with every agent and view registered."""
     rt = Runtime(settings)
     from .agents import register_all
 
     register_all(rt)
-    return rt.app
+    return rt
+
+
+def create_app(settings: Settings) -> faust.App:
+    """The memstream Faust app with every agent and view registered."""
+    return create_runtime(settings).app

@@ -129,3 +129,36 @@ def missing_topics(settings: Settings, admin: AdminClient | None = None, timeout
     except Exception as exc:
         raise TopicError(f"cannot reach Kafka at {settings.broker} ({exc}); is the stack up? try `memstream dev up`") from None
     return [t.name for t in catalog.topics() if t.name not in md.topics]
+
+
+def ensure_internal(settings: Settings, topics: list[tuple[str, int, int | None]], timeout: float = 60.0,
+                    admin: AdminClient | None = None) -> list[str]:
+    """Create the worker's internal topics `(name, partitions, retention ms or None)` that are
+    missing and wait until every partition of each has a leader; returns the names created."""
+    import time
+
+    admin = admin or admin_client(settings)
+    try:
+        md = admin.list_topics(timeout=timeout)
+    except Exception as exc:  # KafkaException: broker unreachable
+        raise TopicError(f"cannot reach Kafka at {settings.broker} ({exc}); is the stack up? try `memstream dev up`") from None
+    new = [NewTopic(name, partitions, settings.replication,
+                    config={"retention.ms": str(retention)} if retention else {})
+           for name, partitions, retention in topics if name not in md.topics]
+    for name, fut in (admin.create_topics(new, request_timeout=timeout).items() if new else ()):
+        try:
+            fut.result()
+        except Exception as exc:  # noqa: BLE001 - another worker created it first: fine
+            if "TOPIC_ALREADY_EXISTS" not in str(exc) and "already exists" not in str(exc):
+                raise TopicError(f"cannot create internal topic {name}: {exc}") from None
+    deadline = time.monotonic() + timeout
+    names = [name for name, _, _ in topics]
+    while True:
+        md = admin.list_topics(timeout=timeout)
+        led = all(n in md.topics and md.topics[n].error is None and md.topics[n].partitions
+                  and all(p.leader >= 0 for p in md.topics[n].partitions.values()) for n in names)
+        if led:
+            return [t.topic for t in new]
+        if time.monotonic() > deadline:
+            raise TopicError(f"internal topics {', '.join(names)} have no partition leaders after {timeout:.0f}s")
+        time.sleep(0.2)

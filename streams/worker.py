@@ -26,9 +26,14 @@ def run(settings: Settings) -> int:
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
     from faust.worker import Worker
 
-    from .app import create_app
+    from .app import create_runtime
+    from .topics import ensure_internal
 
-    app = create_app(settings)
+    rt = create_runtime(settings)
+    app = rt.app
+    created = ensure_internal(settings, rt.internal_topics)
+    if created:
+        log.info("created internal topics %s", ", ".join(created))
     # The worker keeps a large, long-lived heap (every local user's state and index): collect
     # the young generations less often and never rescan what was there at start-up.
     gc.set_threshold(50_000, 20, 100)

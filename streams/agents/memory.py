@@ -373,8 +373,7 @@ def register(rt: "Runtime") -> None:
 
     # Per-user relay thresholds change at run time through an internal topic keyed by the user
     # (so the table write happens in an event of the user's partition, as Faust requires).
-    policy_topic = app.topic(f"{rt.settings.app_id}-relay-policy", partitions=rt.settings.partitions,
-                             internal=True, key_serializer="raw", value_serializer="raw")
+    policy_topic = rt.internal_topic("relay-policy")
 
     @app.agent(policy_topic, name="relay-policy-agent")
     async def relay_policy_agent(stream):
