@@ -26,7 +26,7 @@ from aiokafka.partitioner import murmur2
 
 from . import catalog, deadletter, effects, faust_codecs
 from .analytics import classify_dead_letter
-from .http import PartitionRouter, api_view, parse_tokens
+from .http import PartitionRouter, ServerLimits, api_view, install_server_limits, parse_tokens
 from .metrics import Metrics
 from .rebalance import RebalanceSafeConsumer
 from .settings import Settings
@@ -65,6 +65,14 @@ class Runtime:
             consumer_auto_offset_reset="earliest",
             autodiscover=False,
             web_enabled=True,
+            # Faust's built-in pages serve table rows (content), partition owners, sensor
+            # statistics and the service graph to anyone: none of them is served (see
+            # `_only_documented_pages`; docs/threat-model.md).
+            web_router_enabled=False,
+            web_tables_enabled=False,
+            web_stats_enabled=False,
+            web_graph_enabled=False,
+            web_metrics_enabled=False,
             key_serializer="raw",
             value_serializer="raw",
             producer_acks=-1,
@@ -73,6 +81,10 @@ class Runtime:
             broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
             Router=PartitionRouter,  # key owner from the assignor, not the Kafka client's metadata
         )
+        _only_documented_pages(self.app)
+        install_server_limits(self.app, ServerLimits(
+            header_timeout_s=settings.http_header_timeout_s, read_timeout_s=settings.http_read_timeout_s,
+            idle_timeout_s=settings.http_idle_timeout_s, max_connections=settings.http_max_connections))
         # A batch writes its table rows in one burst; Faust's default (pause the stream at 100
         # buffered messages and drain them one by one) would throttle every batch.
         self.app.producer.buffer.max_messages = max(100, settings.batch_max * 20)
@@ -314,6 +326,15 @@ class Rejected(Exception):
         self.reason = reason
         self.rule = rule
         self.stage = stage
+
+
+def _only_documented_pages(app: faust.App) -> None:
+    """Serve none of Faust's built-in blueprints, whatever the settings say (an operator's
+    `APP_WEB_*_ENABLED` variable included): with stats off Faust still mounts its production
+    index at `/`. Only the views memstream registers (README, "HTTP API") are served."""
+    blueprints = app.web.blueprints
+    blueprints._enabled = [(prefix, bp) for prefix, bp in blueprints._enabled
+                           if not (isinstance(bp, str) and bp.startswith("faust.web.apps."))]
 
 
 def _advertised_host(settings: Settings) -> str:

@@ -71,6 +71,9 @@ _TOPICS: tuple[TopicSpec, ...] = (
               "Every record the pipeline could not accept, with the reason.", retention_ms=30 * DAY_MS),
     TopicSpec("shipper.positions.v1", "out", "shipper/file", "shipper_position", "compact",
               "The graph-log shipper's file positions, committed in the same transaction as the lines."),
+    TopicSpec("security.audit.v1", "out", "motebit_id", "access_audit", "delete",
+              "Every relay-threshold change made through the HTTP API: token name, old -> new, when; never content.",
+              retention_ms=365 * DAY_MS),
 )
 
 TOPICS: dict[str, TopicSpec] = {t.name: t for t in _TOPICS}
@@ -92,6 +95,7 @@ GRAPH_STATE = "graph.state.v1"
 NEGOTIATOR_REPLIES = "negotiator.replies.v1"
 DLQ = "pipeline.dlq.v1"
 SHIPPER_POSITIONS = "shipper.positions.v1"
+SECURITY_AUDIT = "security.audit.v1"
 
 
 def topics() -> Iterator[TopicSpec]:

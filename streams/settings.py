@@ -60,7 +60,11 @@ class Settings:
     dedup_max_ids: int = field(default=2000, metadata={"doc": "Input ids remembered per user for duplicate detection (within 7 days)."})
     relay_threshold: str = field(default="personal", metadata={"doc": "Default consented sensitivity threshold of the relay: content above it is redacted (per-user override: PUT /v1/relay/{motebit_id}/threshold)."})
     negotiator_write_enabled: bool = field(default=True, metadata={"doc": "The host's memory write flag: off = negotiator `remember` returns null (forget always works)."})
-    api_tokens: str = field(default="", metadata={"doc": "HTTP bearer tokens and the highest sensitivity each may read: `token:level,token2:level` (levels none..secret)."})
+    api_tokens: str = field(default="", metadata={"doc": "HTTP bearer tokens: `token:level[:scope+scope][:name=n][:users=id|prefix*]`, comma-separated, or a JSON list (README, HTTP API). `level` (none..secret) is the highest sensitivity the token reads; scopes `admin` (relay thresholds), `negotiator` (remember/forget), `ops` (cluster assignment); `users=` binds it to users. The earlier `token:level` still works: read-only, every user."})
+    http_header_timeout_s: float = field(default=10.0, metadata={"doc": "A new HTTP connection that has not sent a complete request head within this many seconds is closed (slow or half-open clients)."})
+    http_read_timeout_s: float = field(default=30.0, metadata={"doc": "A request body that has not arrived within this many seconds is answered 408."})
+    http_idle_timeout_s: float = field(default=75.0, metadata={"doc": "An HTTP connection with no request in flight (keep-alive, or never used) is closed after this many seconds."})
+    http_max_connections: int = field(default=1000, metadata={"doc": "Most open HTTP connections per worker; a connection beyond it is closed at once (forwarding between workers uses connections too)."})
     graph_stall_ms: int = field(default=15 * 60 * 1000, metadata={"doc": "A graph node running longer than this (ms) is flagged stalled."})
     timer_interval_s: float = field(default=30.0, metadata={"doc": "Seconds between runs of the partition-local housekeeping timers."})
     # --- input limits (docs/records.md#limits): a record over one is dead-lettered, the limit named
@@ -79,6 +83,7 @@ class Settings:
     max_shadowed_seqs: int = field(default=1024, metadata={"doc": "Most `shadowedSeqs` / `sourceEventSeqs` in one session event."})
     max_ledger_shadowed_seqs: int = field(default=8192, metadata={"doc": "Most shadowed seqs kept over all compactions of one session ledger (the oldest closed compactions are trimmed first)."})
     max_error_chars: int = field(default=512, metadata={"doc": "A compaction's `error` text is stored cut to this many characters."})
+    max_future_skew_ms: int = field(default=24 * 60 * 60 * 1000, metadata={"doc": "A memory input (event, candidate, turn, negotiator request) whose `timestamp` or `valid_from` is later than its Kafka record timestamp plus this many ms, or earlier than 2000-01-01, is dead-lettered (`invalid_time`). The Kafka record timestamp, not the clock, so a replay decides the same."})
     # --- the graph-log shipper (memstream ship-graph-logs) ---------------------------------
     shipper_offsets_dir: str = field(default="var/shipper", metadata={"doc": "Where `ship-graph-logs` looks for an offsets file of its earlier (pre-transactions) version to import once (`<shipper id>.offsets.json`) unless --offsets names one; positions now live in `shipper.positions.v1`."})
     shipper_poll_s: float = field(default=1.0, metadata={"doc": "Seconds `ship-graph-logs` waits between scans of the directory (unless --poll)."})

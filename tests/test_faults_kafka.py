@@ -127,7 +127,7 @@ class Fleet:
         self.starts[name] = self.starts.get(name, 0) + 1
         env = {**TEST_ENV, "MEMSTREAM_APP_ID": self.app_id, "MEMSTREAM_WEB_PORT": str(self.ports[name]),
                "MEMSTREAM_DATA_DIR": self.data_dir(name),
-               "MEMSTREAM_API_TOKENS": f"{TOKEN}:secret", "MEMSTREAM_TIMER_INTERVAL_S": "3600",
+               "MEMSTREAM_API_TOKENS": f"{TOKEN}:secret:admin+negotiator+ops", "MEMSTREAM_TIMER_INTERVAL_S": "3600",
                "MEMSTREAM_SESSION_TIMEOUT_S": "6", **self.env}
         path = self.log_path(name)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -446,12 +446,12 @@ def test_failover_to_a_standby_replica(stack, unique):
 
 
 def _owner(fleet: Fleet, user: str) -> str:
-    """Which fleet worker owns the user's partition (Faust's router view)."""
+    """Which fleet worker owns the user's partition (the documented assignment view, scope `ops`)."""
     port = next(iter(fleet.ports[n] for n in fleet.procs))
     status, body = http_get(port, f"/v1/memory/{user}/nodes", TOKEN)
     assert status == 200
     owner_port = None
-    status, router = http_get(port, "/router/")
+    status, router = http_get(port, "/v1/cluster/assignment", TOKEN)
     assert status == 200
     part = _partition(fleet.settings, user)
     for url, tables in router.items():

@@ -39,7 +39,7 @@ def test_relay_redacts_tombstones_and_never_forwards_audits_housekeeping_prunes(
     allergy, tea = f"{unique}-allergy", f"{unique}-tea"
     port = free_port()
     env = {"MEMSTREAM_APP_ID": f"it-life-{unique}", "MEMSTREAM_WEB_PORT": str(port),
-           "MEMSTREAM_API_TOKENS": "t:secret", "MEMSTREAM_TIMER_INTERVAL_S": "1"}
+           "MEMSTREAM_API_TOKENS": "t:secret:negotiator", "MEMSTREAM_TIMER_INTERVAL_S": "1"}
     with worker(stack, f"life-{unique}", env=env):
         produce(stack, catalog.MEMORY_CANDIDATES, [
             (user, candidate(user, allergy, t0, "The user is allergic to penicillin.", "medical")),
@@ -120,7 +120,7 @@ def test_relay_threshold_changes_at_run_time_and_write_flag_off(stack, unique):
     now = int(time.time() * 1000)
     port = free_port()
     env = {"MEMSTREAM_APP_ID": f"it-thr-{unique}", "MEMSTREAM_WEB_PORT": str(port),
-           "MEMSTREAM_API_TOKENS": "t:none", "MEMSTREAM_NEGOTIATOR_WRITE_ENABLED": "false"}
+           "MEMSTREAM_API_TOKENS": "t:none:admin+negotiator:name=privacy-officer,r:secret", "MEMSTREAM_NEGOTIATOR_WRITE_ENABLED": "false"}
     with worker(stack, f"thr-{unique}", env=env):
         produce(stack, catalog.MEMORY_CANDIDATES,
                 [(user, candidate(user, f"{unique}-a", now, "The user's GP is Dr. Lee.", "medical"))])
@@ -138,9 +138,17 @@ def test_relay_threshold_changes_at_run_time_and_write_flag_off(stack, unique):
         off = _http("POST", port, f"/v1/negotiator/{user}/remember", "t", {"kind": "threshold", "content": "Accept 40k."})
         forget = _http("POST", port, f"/v1/negotiator/{user}/forget", "t", {"description": "anything"})
         bad = _http("PUT", port, f"/v1/relay/{user}/threshold", "t", {"threshold": "everything"})
+        unscoped = _http("PUT", port, f"/v1/relay/{user}/threshold", "r", {"threshold": "secret"})
+        audit = consume(stack, catalog.SECURITY_AUDIT, lambda out: any(m["key"] == user for m in out))
     contents = [m["value"]["payload"]["content"] for m in relay
                 if m["key"] == user and m["value"]["event_type"] == "memory_formed"]
     assert contents == ["[REDACTED]", "The user takes vitamin D in winter."]  # before / after the change
     assert off == (200, None)  # write flag off: remember returns null
     assert forget == (200, {"status": "not_found"})  # forget always works
     assert bad[0] == 400
+    assert unscoped[0] == 403  # reading every level is not changing what peers receive: `admin` scope
+    # the change is on the security audit topic: token name (never the secret), old -> new
+    [record] = [m["value"] for m in audit if m["key"] == user]
+    assert (record["action"], record["token_name"], record["old_value"], record["new_value"]) == (
+        "relay_threshold", "privacy-officer", None, "medical")
+    assert record["requested_at"] > 0 and record["applied_at"] >= record["requested_at"]

@@ -23,9 +23,10 @@ FACTS = ["The user likes hiking in the Alps every summer.", "Her favourite colou
 
 
 def _aux_owners(port: int) -> set[str]:
-    """Faust's own router view ({worker url: {changelog topic: [partitions]}}): the workers
-    that own partitions of the memory-state table (the table HTTP routing goes by)."""
-    status, body = http_get(port, "/router/")
+    """The documented assignment view ({worker url: {changelog topic: [partitions]}}, scope
+    `ops`): the workers that own partitions of the memory-state table (the table HTTP routing
+    goes by)."""
+    status, body = http_get(port, "/v1/cluster/assignment", "t")
     assert status == 200
     return {url for url, tables in body.items()
             if any(topic.endswith("-memory-state-changelog") and parts for topic, parts in tables.items())}
@@ -34,7 +35,7 @@ def _aux_owners(port: int) -> set[str]:
 def test_queries_are_answered_by_the_partition_owner_from_any_worker(stack, unique):
     users = [f"mb-route-{unique}-{i}" for i in range(12)]
     now = int(time.time() * 1000)
-    app = {"MEMSTREAM_APP_ID": f"it-route-{unique}", "MEMSTREAM_API_TOKENS": "t:secret",
+    app = {"MEMSTREAM_APP_ID": f"it-route-{unique}", "MEMSTREAM_API_TOKENS": "t:secret:admin+negotiator+ops",
            "MEMSTREAM_STANDBY_REPLICAS": "0"}
     port_a, port_b = free_port(), free_port()
     with worker(stack, f"route-a-{unique}", env={**app, "MEMSTREAM_WEB_PORT": str(port_a)}), \
@@ -87,6 +88,7 @@ def documented_routes(users: list[str], unique: str) -> list[tuple[str, str, dic
         ("GET", "/v1/dashboard/data", None),
         ("GET", f"/v1/dashboard/data?scope=fleet&user={users[0]}", None),
         ("GET", "/health", None), ("GET", "/metrics", None), ("GET", "/dashboard", None),
+        ("GET", "/v1/cluster/assignment", None),
     ]
     for u in users:
         routes += [
@@ -109,7 +111,7 @@ def test_a_fresh_stack_answers_every_route_from_the_first_second(stack, unique):
     """A new app id (its changelog topics brand new, nothing written to them yet): within 10 s of
     both workers' /health being ready, every documented route on both answers 2xx/4xx or 503 with
     Retry-After, never 500; and each 503 turns into a 2xx/4xx within a bounded retry."""
-    app = {"MEMSTREAM_APP_ID": f"it-fresh-{unique}", "MEMSTREAM_API_TOKENS": "t:secret",
+    app = {"MEMSTREAM_APP_ID": f"it-fresh-{unique}", "MEMSTREAM_API_TOKENS": "t:secret:admin+negotiator+ops",
            "MEMSTREAM_STANDBY_REPLICAS": "0"}
     users = [f"mb-fresh-{unique}-{i}" for i in range(6)]
     routes = documented_routes(users, unique)

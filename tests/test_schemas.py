@@ -40,6 +40,8 @@ FIELDS = {
     "dead_letter": ["original_topic", "original_partition", "original_offset", "original_key", "original_value",
                     "original_size", "original_sha256", "stage", "reason", "error_class", "failed_at", "worker"],
     "shipper_position": ["shipper", "file", "inode", "offset", "committed_at"],
+    "access_audit": ["audit_id", "motebit_id", "action", "token_name", "old_value", "new_value", "requested_at",
+                     "applied_at", "worker"],
 }
 
 PAYLOAD_FIELDS = {

@@ -54,7 +54,7 @@ from ..analytics import (
     windows_of,
 )
 from ..analytics import to_record as window_record
-from ..http import authenticated
+from ..http import BadRequest, authenticated, parse_ms
 
 if TYPE_CHECKING:
     from ..app import Runtime
@@ -152,10 +152,10 @@ def register(rt: "Runtime") -> None:
             if size is None:
                 return self.error(400, "window must be 1m or 1h")
             try:
-                lo = int(request.query.get("from", 0))
-                hi = int(request.query.get("to", 2**62))
-            except ValueError:
-                return self.error(400, "from and to are Unix milliseconds")
+                lo = parse_ms(request.query, "from", 0)
+                hi = parse_ms(request.query, "to", 2**62)
+            except BadRequest as exc:
+                return self.error(400, str(exc))
             state = table.get(motebit_id)
             windows = [window_record(motebit_id, w) for w in windows_of(state, size)] if state else []
             windows = [w for w in windows if lo <= w["window_start"] < hi]

@@ -57,7 +57,7 @@ from ..analytics import classify_outcome
 from ..core.audit import audit_turn
 from ..core.limits import quote
 from ..core.housekeeping import HousekeepingPolicy, sweep_memory
-from ..core.ingest import validate_turn
+from ..core.ingest import REDACTED_CONTENT, time_problem, validate_turn
 from ..core.limits import LimitExceeded, check_id, id_problem
 from ..core.negotiator import (
     forget_result_of,
@@ -70,7 +70,7 @@ from ..core.redaction import relay_events, threshold_for
 from ..core.state import SEEN_CHUNK_KEY, SIDE_PREFIXES
 from ..deadletter import STAGE_APPLY, STAGE_VALIDATE
 from ..core.vocabulary import SENSITIVITY_LEVELS
-from ..http import BadRequest, authenticated, mask_node
+from ..http import SCOPE_ADMIN, SCOPE_NEGOTIATOR, BadRequest, Token, authenticated, mask_node, parse_ms, visible
 
 if TYPE_CHECKING:
     from ..app import Runtime
@@ -81,6 +81,7 @@ SOURCES = [catalog.MEMORY_EVENTS, catalog.MEMORY_CANDIDATES, catalog.MEMORY_TURN
 KEY_FIELD = {catalog.MEMORY_EVENTS: "motebit_id", catalog.MEMORY_CANDIDATES: "motebit_id",
              catalog.MEMORY_TURNS: "motebit_id", catalog.NEGOTIATOR_REQUESTS: "user_id"}
 NODE_KEY_SEP = "/"
+NEGOTIATOR_SENSITIVITY = "secret"  #: the level negotiator memories are shown at (they carry none)
 STATE_TABLE = "memory-state"  #: motebit_id -> aux row (with `pending`); motebit_id/node_id -> node row
 
 
@@ -99,6 +100,16 @@ class UserContained(Exception):
         super().__init__(f"the memory state of this user cannot be rebuilt ({why}); its records are "
                          "dead-lettered until an operator repairs the rows")
         self.motebit_id = motebit_id
+
+
+def threshold_change(value: bytes) -> dict:
+    """A relay-policy topic value: `{"threshold", "token", "requested_at", "worker"}` (JSON), or
+    the bare level an earlier version wrote (its token is unknown)."""
+    if value.startswith(b"{"):
+        change = orjson.loads(value)
+        return {"threshold": change["threshold"], "token": str(change.get("token") or "unknown"),
+                "requested_at": int(change.get("requested_at") or 0), "worker": str(change.get("worker") or "")}
+    return {"threshold": value.decode(), "token": "unknown (earlier version)", "requested_at": 0, "worker": ""}
 
 
 def policies(rt: "Runtime") -> tuple[ConsolidationPolicy, PromotionPolicy]:
@@ -281,6 +292,9 @@ def register(rt: "Runtime") -> None:
         if record.get(KEY_FIELD[topic]) != key:
             raise Rejected(f"record {KEY_FIELD[topic]} {quote(record.get(KEY_FIELD[topic]))} differs from its key {quote(key)}",
                            "memory.key_mismatch")
+        record_ms = int(event.message.timestamp * 1000) if event.message.timestamp else None
+        if (late := time_problem(record, record_ms, limits)) is not None:
+            raise Rejected(f"{late.code}: {late.detail}", late.code)
         try:
             um = store.user(key)
         except UserContained as exc:
@@ -378,9 +392,20 @@ def register(rt: "Runtime") -> None:
     @app.agent(policy_topic, name="relay-policy-agent")
     async def relay_policy_agent(stream):
         async for event in stream.events():
-            user, level = event.message.key.decode(), event.message.value.decode()
+            user = event.message.key.decode()
+            change = threshold_change(event.message.value)
+            level = change["threshold"]
+            old = store.relay_policy.get(user)
+            audit = {"audit_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"memstream:{user}:relay_threshold:"
+                                                 f"{change['requested_at']}:{change['token']}")),
+                     "motebit_id": user, "action": "relay_threshold", "token_name": change["token"],
+                     "old_value": old, "new_value": level, "requested_at": change["requested_at"],
+                     "applied_at": int(time.time() * 1000), "worker": change["worker"]}
+            await rt.send(catalog.SECURITY_AUDIT, user, audit)  # before the change takes effect
             store.relay_policy[user] = level
-            log.info("relay threshold of %s is now %s", user, level)
+            log.warning("security audit: relay threshold of %s changed %s -> %s by token %s (requested %d at %s)",
+                        user, old or f"default ({rt.settings.relay_threshold})", level, change["token"],
+                        change["requested_at"], change["worker"] or "?")
 
     rt.stateful_agent(rt.input_channel(*SOURCES), "memory-consolidate", apply, cache=store, lock=store.lock)
 
@@ -395,19 +420,19 @@ def register(rt: "Runtime") -> None:
                 um = store.user(motebit_id)
             except UserContained as exc:
                 return self.unavailable(str(exc))
-            as_of = request.query.get("as_of")
+            try:
+                as_of = parse_ms(request.query, "as_of")
+            except BadRequest as exc:
+                return self.error(400, str(exc))
             include = set(filter(None, request.query.get("include", "").split(",")))
             if as_of is not None:
-                try:
-                    nodes = um.as_of(int(as_of))
-                except ValueError:
-                    return self.error(400, "as_of must be Unix milliseconds")
+                nodes = um.as_of(as_of)
             elif "superseded" in include:
                 nodes = list(um.nodes())
             else:
                 nodes = list(um.live_nodes())
             shown = sorted((mask_node(n, allowed) for n in nodes), key=lambda n: (n["valid_from"], n["node_id"]))
-            return self.reply({"motebit_id": motebit_id, "as_of": int(as_of) if as_of else None, "nodes": shown})
+            return self.reply({"motebit_id": motebit_id, "as_of": as_of, "nodes": shown})
 
     @app.page("/v1/memory/{motebit_id}/nodes/{node_id}")
     class OneNode(rt.View):
@@ -426,15 +451,17 @@ def register(rt: "Runtime") -> None:
 
     @app.page("/v1/relay/{motebit_id}/threshold")
     class RelayThreshold(rt.View):
-        @authenticated
-        async def put(self, request: Request, motebit_id: str, allowed: str) -> Response:
+        @authenticated(scope=SCOPE_ADMIN)
+        async def put(self, request: Request, motebit_id: str, allowed: str, token: Token) -> Response:
             try:
                 level = (await self.json_body(request)).get("threshold")
             except BadRequest as exc:
                 return self.error(400, str(exc))
             if level not in SENSITIVITY_LEVELS:
                 return self.error(400, f"threshold must be one of {', '.join(SENSITIVITY_LEVELS)}")
-            await policy_topic.send(key=motebit_id.encode(), value=level.encode())
+            change = {"threshold": level, "token": token.name, "requested_at": int(time.time() * 1000),
+                      "worker": rt.worker_name}
+            await policy_topic.send(key=motebit_id.encode(), value=orjson.dumps(change))
             return self.reply({"motebit_id": motebit_id, "threshold": level, "status": "accepted"}, 202)
 
         @authenticated
@@ -461,10 +488,25 @@ def register(rt: "Runtime") -> None:
         finally:
             pending_replies.pop(request_id, None)
 
+    def mask_forget(result: dict, allowed: str) -> dict:
+        """A forget result as the caller may see it. Negotiator memories carry no sensitivity:
+        their content (walk-away prices, disclosure rules) is treated as `secret` (fail closed),
+        so a token below `secret` gets ids and kinds with "[REDACTED]" content — an `ambiguous`
+        reply is no read oracle for stored rules."""
+        if visible(NEGOTIATOR_SENSITIVITY, allowed):
+            return result
+        def masked(view: dict) -> dict:
+            return {**view, "content": REDACTED_CONTENT}
+        if result.get("memory"):
+            result = {**result, "memory": masked(result["memory"])}
+        if result.get("candidates"):
+            result = {**result, "candidates": [masked(v) for v in result["candidates"]]}
+        return result
+
     class NegotiatorView(rt.View):
         op = ""
 
-        @authenticated
+        @authenticated(scope=SCOPE_NEGOTIATOR)
         async def post(self, request: Request, user_id: str, allowed: str) -> Response:
             try:
                 body = await self.json_body(request)
@@ -475,9 +517,9 @@ def register(rt: "Runtime") -> None:
                 return self.error(400, str(exc))
             except LimitExceeded as exc:
                 return self.error(400, str(exc))
-            return await self.route(request, store.negotiator, user_id, lambda: self._local(user_id, body))
+            return await self.route(request, store.negotiator, user_id, lambda: self._local(user_id, body, allowed))
 
-        async def _local(self, user_id: str, body: dict) -> Response:
+        async def _local(self, user_id: str, body: dict, allowed: str) -> Response:
             try:
                 reply = await call_negotiator(user_id, body, self.op)
             except asyncio.TimeoutError:
@@ -486,7 +528,7 @@ def register(rt: "Runtime") -> None:
                 return self.error(400, reply["error"])
             if self.op == "remember":
                 return self.reply(reply["remembered"])  # the stored view, or null: write flag off
-            return self.reply(forget_result_of(reply["forget"]))
+            return self.reply(mask_forget(forget_result_of(reply["forget"]), allowed))
 
     app.page("/v1/negotiator/{user_id}/remember")(type("Remember", (NegotiatorView,), {"op": "remember"}))
     app.page("/v1/negotiator/{user_id}/forget")(type("Forget", (NegotiatorView,), {"op": "forget"}))

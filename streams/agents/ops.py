@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from faust.types import TP
 from faust.web import Request, Response, View
 
+from ..http import SCOPE_OPS, authenticated
 from ..metrics import CONTENT_TYPE, Family, metric_name
 
 if TYPE_CHECKING:
@@ -224,6 +225,15 @@ def register(rt: "Runtime") -> None:
             lags = await consumer_lag(rt) if h.status != "stopping" else []
             text = rt.metrics.render(worker_families(h, lags, sizes.get(rt)))
             return self.bytes(text.encode(), headers={"Content-Type": CONTENT_TYPE})
+
+    @app.page("/v1/cluster/assignment")
+    class AssignmentView(rt.View):  # the `ops` scope: worker URLs are topology, not for tenants
+        @authenticated(scope=SCOPE_OPS)
+        async def get(self, request: Request, allowed: str) -> Response:
+            """{worker url: {changelog topic: [active partitions]}}: which worker owns which key
+            (the partition of a key is murmur2 of its UTF-8 bytes modulo the partition count)."""
+            dist = rt.app.router.tables_metadata()
+            return self.reply({str(url): {t: sorted(p) for t, p in topics.items()} for url, topics in dist.items()})
 
     @app.page("/health")
     class HealthView(View):  # no auth: for load balancers, orchestrators and `memstream status`

@@ -27,6 +27,31 @@ class GateResult:
     reason: str | None = None
 
 
+def declared_instructions(frontmatter_type: Any, extra: Any) -> list[str]:
+    """What makes an entry instruction-form (empty = it is not): `type feedback`, `pinned`,
+    `triggers`, `applies-when` — the ONE predicate's reasons, in that order."""
+    if not is_instruction_entry(frontmatter_type, extra):
+        return []
+    hints = read_header_hints(extra)
+    declared = ["type feedback"] if frontmatter_type == "feedback" else []
+    for key, label in (("pinned", "pinned"), ("triggers", "triggers"), ("appliesWhen", "applies-when")):
+        if hints.get(key):
+            declared.append(label)
+    return declared
+
+
+def content_gate(content: str) -> str | None:
+    """The exposure gate for content that arrives without `extra` lines (negotiator `remember`):
+    its own lines are read as header lines, and instruction-form content is refused (there is no
+    `source` to vouch for it, and a negotiator memory is a rule the client states, never one a
+    header hint pins). None = passes; else the reason."""
+    declared = declared_instructions(None, content.splitlines())
+    if not declared:
+        return None
+    return (f"instruction-form content ({', '.join(declared)} header line) is refused by the exposure "
+            "gate (SPEC §4.5): state the rule as plain text")
+
+
 def exposure_gate(candidate: Mapping[str, Any]) -> GateResult:
     extra = candidate.get("extra")
     hints = read_header_hints(extra)
@@ -35,12 +60,7 @@ def exposure_gate(candidate: Mapping[str, Any]) -> GateResult:
         return GateResult(False, False, hints)
     if candidate.get("source") == TRUSTED_INSTRUCTION_SOURCE:
         return GateResult(True, False, hints)
-    declared = []
-    if candidate.get("frontmatter_type") == "feedback":
-        declared.append("type feedback")
-    for key, label in (("pinned", "pinned"), ("triggers", "triggers"), ("appliesWhen", "applies-when")):
-        if hints.get(key):
-            declared.append(label)
+    declared = declared_instructions(candidate.get("frontmatter_type"), extra)
     reason = (
         f"instruction-form entry ({', '.join(declared)}) from source "
         f"{candidate.get('source') or 'absent'}, not user_stated"

@@ -94,6 +94,40 @@ ENVELOPE_FIELDS: tuple[str, ...] = (
 )
 
 
+#: 2000-01-01T00:00:00Z in Unix ms: no memory input is older (a time before it is a unit or clock error)
+MIN_TIME_MS = 946_684_800_000
+
+
+def time_problem(record: Any, record_time_ms: int | None, limits: Limits = DEFAULT_LIMITS) -> "Rejection | None":
+    """A Rejection (``invalid_time``) when a memory input's event time is before 2000-01-01 or
+    later than ``record_time_ms`` (the Kafka record's timestamp: what a replay sees again, so the
+    decision never changes) plus ``max_future_skew_ms``; None otherwise. Checked: ``timestamp``
+    and ``valid_from`` (top level or, for a memory event, in the payload) against both bounds;
+    ``valid_until`` / ``superseded_valid_until`` against the lower one only (a validity may
+    legitimately end in the future). Values that are not integers are left to the validators.
+    Without a record time (``None`` or <= 0) only the lower bound applies."""
+    if not isinstance(record, Mapping):
+        return None
+    payload = record.get("payload") if isinstance(record.get("payload"), Mapping) else {}
+    latest = None
+    if record_time_ms is not None and record_time_ms > 0:
+        latest = int(record_time_ms) + limits.max_future_skew_ms
+    checks = [("timestamp", record.get("timestamp"), True), ("valid_from", record.get("valid_from"), True),
+              ("payload.valid_from", payload.get("valid_from"), True),
+              ("payload.valid_until", payload.get("valid_until"), False),
+              ("payload.superseded_valid_until", payload.get("superseded_valid_until"), False)]
+    for name, value, upper in checks:
+        if not isinstance(value, int) or isinstance(value, bool):
+            continue
+        if value < MIN_TIME_MS:
+            return Rejection("invalid_time", f"{name} {value} is before 2000-01-01 ({MIN_TIME_MS} ms)")
+        if upper and latest is not None and value > latest:
+            return Rejection("invalid_time", f"{name} {value} is more than MEMSTREAM_MAX_FUTURE_SKEW_MS "
+                                             f"({limits.max_future_skew_ms}) after the record's Kafka timestamp "
+                                             f"{record_time_ms}")
+    return None
+
+
 @dataclass(frozen=True)
 class Rejection:
     """Why a record was not applied.

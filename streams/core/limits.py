@@ -65,6 +65,7 @@ class Limits:
     max_shadowed_seqs: int = 1024
     max_ledger_shadowed_seqs: int = 8192
     max_error_chars: int = 512
+    max_future_skew_ms: int = 24 * 60 * 60 * 1000
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -19,7 +19,9 @@ remember
     (distilled from transcripts, never dictated) or anything else raises
     :class:`NegotiatorError` (``code="kind_not_rememberable"``), empty content
     ``code="empty_content"`` — the shell turns it into the reply's ``error``. Validation comes
-    first; then, with the host's write flag off, the result is ``None`` and the state is
+    first, and content that is instruction-form by the exposure gate's one predicate (a
+    ``pinned: true`` / ``triggers:`` / ``applies-when:`` line: :func:`~streams.core.exposure.content_gate`)
+    is refused with ``code="instruction_form"`` (SPEC §4.5; an HTTP 400); then, with the host's write flag off, the result is ``None`` and the state is
     unchanged (the seed's ``null``). The id is ``derive_id(user, request_id,
     "negotiator_memory")``: a re-delivered request maps to the same memory and the same view
     (and does not resurrect a memory forgotten in between). A *new* request with the same
@@ -66,6 +68,7 @@ import copy
 import re
 from typing import Any, Iterable, Mapping
 
+from .exposure import content_gate
 from .ids import derive_id
 from .ingest import REDACTED_CONTENT, Rejection
 from .limits import DEFAULT_LIMITS, LimitExceeded, Limits, check_bytes, check_id, quote
@@ -191,6 +194,9 @@ def validate_remember(kind: Any, content: Any, limits: Limits = DEFAULT_LIMITS) 
         check_bytes("content", content, limits, "max_negotiator_content_bytes")
     except LimitExceeded as e:
         raise _limit_error(e) from None
+    refused = content_gate(content)
+    if refused is not None:
+        raise NegotiatorError("instruction_form", refused)
     bad = _CONTROL_RE.search(content)
     if bad is not None:  # a stored control character costs 6 bytes of JSON (\u0001): none in a rule
         raise NegotiatorError("invalid_content", f"content has the control character {bad.group()!r} at position {bad.start()}")

@@ -233,3 +233,22 @@ def test_reorder_buffer_never_drops_and_flags_late(timestamps, delay):
     assert keys == sorted(keys)  # everything not late is released in (timestamp, clock) order
     if delay >= max(timestamps) - min(timestamps) and len(events) <= 8:
         assert not late_ids
+
+
+def test_event_times_outside_2000_to_record_time_plus_skew_are_rejected():
+    from streams.core.ingest import MIN_TIME_MS, time_problem
+    from streams.core.limits import Limits
+
+    lim = Limits(max_future_skew_ms=1000)
+    rec_ms = 1_800_000_000_000
+    assert time_problem({"timestamp": rec_ms + 1000}, rec_ms, lim) is None
+    assert time_problem({"timestamp": rec_ms + 1001}, rec_ms, lim).code == "invalid_time"
+    assert time_problem({"timestamp": 2**63 - 1}, rec_ms, lim).code == "invalid_time"
+    assert time_problem({"timestamp": MIN_TIME_MS - 1}, rec_ms, lim).code == "invalid_time"
+    assert time_problem({"timestamp": rec_ms, "valid_from": rec_ms + 5000}, rec_ms, lim).code == "invalid_time"
+    event = {"timestamp": rec_ms, "payload": {"valid_from": rec_ms, "valid_until": 2**62}}
+    assert time_problem(event, rec_ms, lim) is None  # a validity may end in the future
+    assert time_problem({**event, "payload": {"valid_until": 5}}, rec_ms, lim).code == "invalid_time"
+    # deterministic: the bound is the record's Kafka timestamp, not the clock; without one only the lower bound
+    assert time_problem({"timestamp": 2**62}, None, lim) is None
+    assert time_problem({"timestamp": "x"}, rec_ms, lim) is None  # left to the validators
