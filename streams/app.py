@@ -49,7 +49,11 @@ class Runtime:
         self.codecs.register([t.name for t in catalog.topics()])  # once, at startup
         faust_codecs.install(self.codecs)
         self.worker_name = f"{socket.gethostname()}:{settings.web_port}"
-        self.app = faust.App(
+        self.draining = False  # set by a stopping worker: no batch starts any more
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.app = _DrainingApp(
             settings.app_id,
             broker=f"kafka://{settings.broker}",
             store=settings.store,
@@ -85,6 +89,7 @@ class Runtime:
         install_server_limits(self.app, ServerLimits(
             header_timeout_s=settings.http_header_timeout_s, read_timeout_s=settings.http_read_timeout_s,
             idle_timeout_s=settings.http_idle_timeout_s, max_connections=settings.http_max_connections))
+        self.app.memstream_runtime = self
         # A batch writes its table rows in one burst; Faust's default (pause the stream at 100
         # buffered messages and drain them one by one) would throttle every batch.
         self.app.producer.buffer.max_messages = max(100, settings.batch_max * 20)
@@ -185,7 +190,9 @@ class Runtime:
         @self.app.agent(topic, name=f"{name}-tick-agent")
         async def on_tick(stream):
             async for event in stream.events():
-                with self.never_ack_unless_applied(f"{name}-tick-agent", [event]):
+                if self.draining:
+                    await self.hold_back([event])
+                with self.never_ack_unless_applied(f"{name}-tick-agent", [event]), self.in_flight():
                     async with lock:  # the sweep's outputs first, then its table writes
                         await effects.run_batch([event], handle, cache)
 
@@ -273,9 +280,45 @@ class Runtime:
         @self.app.agent(channel, name=name)
         async def run(stream):
             async for events in stream.take_events(self.settings.batch_max, self.settings.batch_wait_ms / 1000):
-                with self.never_ack_unless_applied(name, events):
+                if self.draining:
+                    await self.hold_back(events)
+                with self.never_ack_unless_applied(name, events), self.in_flight():
                     async with lock:
                         await effects.run_batch(list(events), handle, cache)
+
+    @contextmanager
+    def in_flight(self) -> Iterator[None]:
+        """One batch being applied. A stopping worker (`drain`) lets it finish — outputs, table
+        rows and their acknowledgements — before Faust closes the tables and commits; a batch
+        taken after the drain began is not applied (and so never committed: the partition's
+        next owner reads it)."""
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._inflight -= 1
+            if not self._inflight:
+                self._idle.set()
+
+    @staticmethod
+    async def hold_back(events: list[faust.types.EventT]) -> None:
+        """A batch taken while the worker stops: never applied, never acknowledged (so never
+        committed); this agent waits until the stop cancels it."""
+        for event in events:
+            event.message.acked = True  # Faust's consumer skips an already-acked message
+        await asyncio.Event().wait()
+
+    async def drain(self, timeout: float = 60.0) -> None:
+        """Stop starting batches and wait for those in flight (called first when the worker stops)."""
+        self.draining = True
+        if self._inflight:
+            log.info("stopping: waiting for %d batch(es) in flight", self._inflight)
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            log.warning("stopping: %d batch(es) still in flight after %.0fs; their records are not committed "
+                        "and will be read again", self._inflight, timeout)
 
     @contextmanager
     def never_ack_unless_applied(self, agent: str, events: list[faust.types.EventT]) -> Iterator[None]:
@@ -291,7 +334,7 @@ class Runtime:
             yield
         except BaseException as exc:
             for event in events:
-                event.message.acked = True  # Faust's consumer skips an already-acked message
+                event.message.acked = True  # as `hold_back`: never committed
             if isinstance(exc, (asyncio.CancelledError, GeneratorExit, KeyboardInterrupt, SystemExit)):
                 raise
             log.critical("agent %s failed on a batch of %d records (%s: %s); stopping the worker without "
@@ -312,6 +355,20 @@ class Runtime:
                 log.warning("schema registry unavailable (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
+
+
+class _DrainingApp(faust.App):
+    """Faust's app, with the memstream runtime drained first when it stops: Faust's own stop
+    closes the tables and commits without waiting for a batch that is in flight (its
+    `wait_empty` returns at once once the consumer is stopping), so a batch could write rows
+    into closed tables, or after its partition was handed to another worker."""
+
+    memstream_runtime: "Runtime | None" = None
+
+    async def on_stop(self) -> None:
+        if self.memstream_runtime is not None:
+            await self.memstream_runtime.drain()
+        await super().on_stop()
 
 
 class _NullValue(WireFormatError):

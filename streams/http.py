@@ -443,9 +443,10 @@ def install_server_limits(app: Any, limits: ServerLimits) -> None:
             self._head_deadline = self._loop.call_later(limits.header_timeout_s, self._head_timeout)
 
         def _head_timeout(self) -> None:
-            if self._request_count == 0 and self.transport is not None:
-                self.force_close()
-                self.transport.close()
+            transport = self.transport
+            if self._request_count == 0 and transport is not None:
+                self.force_close()  # may drop self.transport: close the one we hold
+                transport.close()
 
         def connection_lost(self, exc: BaseException | None) -> None:
             if self._head_deadline is not None:
