@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench browser stack-up stack-down clean
+.PHONY: demo test test-faults bench browser stack-up stack-down clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,6 +17,10 @@ demo: $(STAMP)
 
 test: $(STAMP) browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# the fault suite against a single-worker reference (opt-in: see tests/conftest.py)
+test-faults: $(STAMP)
+	MEMSTREAM_FAULT_SUITE=1 $(PY) -m pytest tests/test_faults_kafka.py $(PYTEST_ARGS)
 
 browser:
 	bash scripts/install-browser.sh

@@ -17,6 +17,7 @@ hog=${2:-}
 mkdir -p test-artifacts
 out=test-artifacts/fault-repeat.txt
 make .venv/.installed >/dev/null || exit 1
+export MEMSTREAM_FAULT_SUITE=1  # the fault suite is opt-in in `make test`
 for i in $(seq 1 "$runs"); do
   hogs=()
   if [[ "$hog" == "--hog" ]]; then

@@ -40,7 +40,7 @@ from streams.wire import decode_key, encode_key
 from .conftest import ROOT, TEST_DATA, TEST_ENV
 from .kafka_util import candidate, claim_data_dir, codecs, free_port, http_get, producer, release_data_dir
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.faults]
 
 OUTPUTS = [catalog.MEMORY_NODES, catalog.MEMORY_LEDGER, catalog.MEMORY_RELAY, catalog.DLQ]
 TOKEN = "faults"
