@@ -192,9 +192,6 @@ class Runtime:
             async for event in stream.events():
                 if self.draining:
                     await self.hold_back([event])
-                if self.app.memstream_moving:
-                    self.skip([event])
-                    continue
                 with self.never_ack_unless_applied(f"{name}-tick-agent", [event]), self.in_flight():
                     async with lock:  # the sweep's outputs first, then its table writes
                         await effects.run_batch([event], handle, cache)
@@ -285,9 +282,6 @@ class Runtime:
             async for events in stream.take_events(self.settings.batch_max, self.settings.batch_wait_ms / 1000):
                 if self.draining:
                     await self.hold_back(events)
-                if self.app.memstream_moving:
-                    self.skip(events)
-                    continue
                 with self.never_ack_unless_applied(name, events), self.in_flight():
                     async with lock:
                         await effects.run_batch(list(events), handle, cache)
@@ -307,21 +301,12 @@ class Runtime:
             if not self._inflight:
                 self._idle.set()
 
-    def skip(self, events: list[faust.types.EventT]) -> None:
-        """A batch taken while partitions move (from the first revocation until the consumer
-        has sought back to the committed offsets, after the tables' recovery): not applied,
-        never acknowledged, so never committed. It was fetched before that seek, so this worker
-        reads it again, against its recovered tables, if the partition is still its own; else
-        the new owner does. (Applied now, it would be decided against tables still being recovered,
-        or written into a partition that is no longer this worker's.)"""
-        for event in events:
-            event.message.acked = True  # Faust's consumer skips an already-acked message
-        self.count("rebalance:skipped_records", len(events))
-
-    async def hold_back(self, events: list[faust.types.EventT]) -> None:
+    @staticmethod
+    async def hold_back(events: list[faust.types.EventT]) -> None:
         """A batch taken while the worker stops: never applied, never acknowledged (so never
         committed); this agent waits until the stop cancels it."""
-        self.skip(events)
+        for event in events:
+            event.message.acked = True  # Faust's consumer skips an already-acked message
         await asyncio.Event().wait()
 
     async def drain(self, timeout: float = 60.0) -> None:
@@ -379,14 +364,6 @@ class _DrainingApp(faust.App):
     into closed tables, or after its partition was handed to another worker."""
 
     memstream_runtime: "Runtime | None" = None
-    #: True from the start of a rebalance (the first revocation) until the consumer has sought
-    #: every assigned partition back to its committed offset (`RebalanceSafeConsumer`): a batch
-    #: taken in between was fetched before that seek and is skipped (`Runtime.skip`)
-    memstream_moving: bool = True
-
-    def on_rebalance_start(self) -> None:
-        self.memstream_moving = True
-        super().on_rebalance_start()
 
     async def on_stop(self) -> None:
         if self.memstream_runtime is not None:

@@ -93,7 +93,4 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
                      if (offset is None or offset <= 0) and tp in assigned and not self._is_changelog_tp(tp)]
             if never:
                 await self._thread.seek_to_beginning(*never)
-        # every record fetched from here on is read from the committed offsets of this
-        # generation's assignment: streams.app may apply batches again (see Runtime.skip)
-        self.app.memstream_moving = False
         return committed
