@@ -73,14 +73,39 @@ def position_group(settings: Settings, group: str, offsets: Offsets) -> None:
 
 
 def group_lag(settings: Settings, group: str, ends: Offsets) -> int:
-    """Records of `ends` the group has not committed yet."""
+    """Records of `ends` the group has not committed yet. A partition whose only offsets past the
+    group's commit are transaction markers (a topic written in transactions, e.g. by
+    `ship-graph-logs`, ends with a commit marker no consumer ever commits past) has no lag."""
     c = consumer(settings, group)
     try:
         committed = retrying(lambda: c.committed([TopicPartition(t, p) for (t, p) in ends], timeout=10),
                              f"committed offsets of {group}")
     finally:
         c.close()
-    return sum(max(ends[(tp.topic, tp.partition)] - max(tp.offset, 0), 0) for tp in committed)
+    behind = {(tp.topic, tp.partition): max(tp.offset, 0) for tp in committed
+              if ends[(tp.topic, tp.partition)] > max(tp.offset, 0)}
+    return sum(ends[tp] - off for tp, off in behind.items() if not _only_markers(settings, tp, off, ends[tp]))
+
+
+def _only_markers(settings: Settings, tp: tuple[str, int], start: int, end: int, timeout: float = 3.0) -> bool:
+    """True when a read_committed reader finds no record in [start, end) of the partition (only
+    transaction markers, or aborted records); False when it finds one or cannot tell in time."""
+    if end - start > 16:  # markers come one per transaction: a longer stretch holds records
+        return False
+    c = Consumer({"bootstrap.servers": settings.broker, "group.id": "memstream-probe", "enable.auto.commit": False,
+                  "isolation.level": "read_committed", "log_level": 0})
+    try:
+        c.assign([TopicPartition(tp[0], tp[1], start)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = c.poll(0.2)
+            if msg is not None and not msg.error() and msg.offset() < end:
+                return False
+            if c.position([TopicPartition(tp[0], tp[1])])[0].offset >= end:
+                return True
+        return False
+    finally:
+        c.close()
 
 
 def last_timestamp_ms(settings: Settings, since: Offsets, timeout: float = 30) -> int | None:
