@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from .core.limits import DEFAULT_LIMITS, Limits
+
 PREFIX = "MEMSTREAM_"
 
 
@@ -68,22 +70,22 @@ class Settings:
     graph_stall_ms: int = field(default=15 * 60 * 1000, metadata={"doc": "A graph node running longer than this (ms) is flagged stalled."})
     timer_interval_s: float = field(default=30.0, metadata={"doc": "Seconds between runs of the partition-local housekeeping timers."})
     # --- input limits (docs/records.md#limits): a record over one is dead-lettered, the limit named
-    max_content_bytes: int = field(default=16 * 1024, metadata={"doc": "Most UTF-8 bytes of a memory's content (candidate, `memory_formed`): a node row and its events stay far below Kafka's 1 MB message limit."})
-    max_embedding_dims: int = field(default=4096, metadata={"doc": "Most dimensions of a candidate's embedding (the largest common embedding models have 3072–4096)."})
-    max_extra_entries: int = field(default=32, metadata={"doc": "Most `extra` header lines of a candidate (also: `missed_patterns` and `tagged_memories` entries)."})
-    max_extra_entry_bytes: int = field(default=1024, metadata={"doc": "Most UTF-8 bytes of one `extra` header line (and of one `missed_patterns` entry)."})
-    max_id_chars: int = field(default=128, metadata={"doc": "Most characters of any id (motebit_id, user_id, candidate_id, event_id, node_id, session_id, graph_id, turn_id, request_id, device_id, …); ids use only `[A-Za-z0-9._:@-]`, first a letter or digit."})
-    max_label_chars: int = field(default=128, metadata={"doc": "Most characters of a short label: `kind`, `frontmatter_type`, a graph node's agent/status/signal type, a session's compaction id, command id, provider, model."})
-    max_text_bytes: int = field(default=64 * 1024, metadata={"doc": "Most UTF-8 bytes of free text that is passed on but not stored: a turn's user message and agent reply, an event's `reason`, `turn_message`."})
-    max_negotiator_content_bytes: int = field(default=2 * 1024, metadata={"doc": "Most UTF-8 bytes of a negotiator `remember` content (and of a `forget` description); with the memories per user this bounds the user's negotiator row and an `ambiguous` forget reply."})
-    max_negotiator_memories: int = field(default=100, metadata={"doc": "Most negotiator memories stored per user (a `remember` beyond it is refused with an error; forget one first)."})
-    max_negotiator_forgotten: int = field(default=1000, metadata={"doc": "Forgotten negotiator memory ids (and their fingerprints) remembered per user; the oldest are dropped beyond it."})
-    max_graph_nodes: int = field(default=500, metadata={"doc": "Most nodes in one graph's state (an event introducing one more is dead-lettered)."})
-    max_graph_labels: int = field(default=64, metadata={"doc": "Most distinct degraded-notification kinds counted per graph."})
-    max_shadowed_seqs: int = field(default=1024, metadata={"doc": "Most `shadowedSeqs` / `sourceEventSeqs` in one session event."})
-    max_ledger_shadowed_seqs: int = field(default=8192, metadata={"doc": "Most shadowed seqs kept over all compactions of one session ledger (the oldest closed compactions are trimmed first)."})
-    max_error_chars: int = field(default=512, metadata={"doc": "A compaction's `error` text is stored cut to this many characters."})
-    max_future_skew_ms: int = field(default=24 * 60 * 60 * 1000, metadata={"doc": "A memory input (event, candidate, turn, negotiator request) whose `timestamp` or `valid_from` is later than its Kafka record timestamp plus this many ms, or earlier than 2000-01-01, is dead-lettered (`invalid_time`). The Kafka record timestamp, not the clock, so a replay decides the same."})
+    max_content_bytes: int = field(default=DEFAULT_LIMITS.max_content_bytes, metadata={"doc": "Most UTF-8 bytes of a memory's content (candidate, `memory_formed`): a node row and its events stay far below Kafka's 1 MB message limit."})
+    max_embedding_dims: int = field(default=DEFAULT_LIMITS.max_embedding_dims, metadata={"doc": "Most dimensions of a candidate's embedding (the largest common embedding models have 3072–4096)."})
+    max_extra_entries: int = field(default=DEFAULT_LIMITS.max_extra_entries, metadata={"doc": "Most `extra` header lines of a candidate (also: `missed_patterns` and `tagged_memories` entries)."})
+    max_extra_entry_bytes: int = field(default=DEFAULT_LIMITS.max_extra_entry_bytes, metadata={"doc": "Most UTF-8 bytes of one `extra` header line (and of one `missed_patterns` entry)."})
+    max_id_chars: int = field(default=DEFAULT_LIMITS.max_id_chars, metadata={"doc": "Most characters of any id (motebit_id, user_id, candidate_id, event_id, node_id, session_id, graph_id, turn_id, request_id, device_id, …); ids use only `[A-Za-z0-9._:@-]`, first a letter or digit."})
+    max_label_chars: int = field(default=DEFAULT_LIMITS.max_label_chars, metadata={"doc": "Most characters of a short label: `kind`, `frontmatter_type`, a graph node's agent/status/signal type, a session's compaction id, command id, provider, model."})
+    max_text_bytes: int = field(default=DEFAULT_LIMITS.max_text_bytes, metadata={"doc": "Most UTF-8 bytes of free text that is passed on but not stored: a turn's user message and agent reply, an event's `reason`, `turn_message`."})
+    max_negotiator_content_bytes: int = field(default=DEFAULT_LIMITS.max_negotiator_content_bytes, metadata={"doc": "Most UTF-8 bytes of a negotiator `remember` content (and of a `forget` description); with the memories per user this bounds the user's negotiator row and an `ambiguous` forget reply."})
+    max_negotiator_memories: int = field(default=DEFAULT_LIMITS.max_negotiator_memories, metadata={"doc": "Most negotiator memories stored per user (a `remember` beyond it is refused with an error; forget one first)."})
+    max_negotiator_forgotten: int = field(default=DEFAULT_LIMITS.max_negotiator_forgotten, metadata={"doc": "Forgotten negotiator memory ids (and their fingerprints) remembered per user; the oldest are dropped beyond it."})
+    max_graph_nodes: int = field(default=DEFAULT_LIMITS.max_graph_nodes, metadata={"doc": "Most nodes in one graph's state (an event introducing one more is dead-lettered)."})
+    max_graph_labels: int = field(default=DEFAULT_LIMITS.max_graph_labels, metadata={"doc": "Most distinct degraded-notification kinds counted per graph."})
+    max_shadowed_seqs: int = field(default=DEFAULT_LIMITS.max_shadowed_seqs, metadata={"doc": "Most `shadowedSeqs` / `sourceEventSeqs` in one session event."})
+    max_ledger_shadowed_seqs: int = field(default=DEFAULT_LIMITS.max_ledger_shadowed_seqs, metadata={"doc": "Most shadowed seqs kept over all compactions of one session ledger (the oldest closed compactions are trimmed first)."})
+    max_error_chars: int = field(default=DEFAULT_LIMITS.max_error_chars, metadata={"doc": "A compaction's `error` text is stored cut to this many characters."})
+    max_future_skew_ms: int = field(default=DEFAULT_LIMITS.max_future_skew_ms, metadata={"doc": "A memory input (event, candidate, turn, negotiator request) whose `timestamp` or `valid_from` is later than its Kafka record timestamp plus this many ms, or earlier than 2000-01-01, is dead-lettered (`invalid_time`). The Kafka record timestamp, not the clock, so a replay decides the same."})
     # --- the graph-log shipper (memstream ship-graph-logs) ---------------------------------
     shipper_offsets_dir: str = field(default="var/shipper", metadata={"doc": "Where `ship-graph-logs` looks for an offsets file of its earlier (pre-transactions) version to import once (`<shipper id>.offsets.json`) unless --offsets names one; positions now live in `shipper.positions.v1`."})
     shipper_poll_s: float = field(default=1.0, metadata={"doc": "Seconds `ship-graph-logs` waits between scans of the directory (unless --poll)."})
@@ -112,10 +114,8 @@ class Settings:
         u = urlparse(self.registry_url)
         return u.hostname or "127.0.0.1", u.port or 80
 
-    def limits(self) -> Any:
+    def limits(self) -> Limits:
         """The input limits as the pure core takes them (streams.core.limits.Limits)."""
-        from .core.limits import Limits
-
         return Limits(**{name: getattr(self, name) for name in Limits.names()})
 
     def replace(self, **changes: Any) -> "Settings":

@@ -222,16 +222,27 @@ def _has_offsets(settings: Settings, group: str, topics: list[str]) -> bool:
     return False
 
 
-def http_get(port: int, path: str, token: str | None = None) -> tuple[int, dict]:
-    """GET a worker's HTTP API; (status, JSON body)."""
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+def http_call(port: int, method: str, path: str, token: str | None = None, body: dict | bytes | None = None,
+              timeout: float = 60) -> tuple[int, dict[str, str], bytes]:
+    """Any request to a worker's HTTP API, as a client sends it; (status, headers, raw body)
+    whatever the status. A dict body is sent as JSON, bytes as they are (JSON content type)."""
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
     if token:
         req.add_header("Authorization", f"Bearer {token}")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
     try:
-        with urllib.request.urlopen(req, timeout=15) as r:
-            return r.status, json.loads(r.read())
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+        return e.code, dict(e.headers), e.read()
+
+
+def http_get(port: int, path: str, token: str | None = None) -> tuple[int, dict]:
+    """GET a worker's HTTP API; (status, JSON body)."""
+    status, _, raw = http_call(port, "GET", path, token, timeout=15)
+    return status, json.loads(raw)
 
 
 def wait_caught_up(settings: Settings, group: str, topic: str, timeout: float = 120.0) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,8 @@ from streams.agents import register_all
 from streams.app import Runtime
 from streams.http import BadRequest, Forbidden, Token, mask_node, parse_ms, parse_tokens, permit
 from streams.settings import Settings, SettingsError
+
+from .kafka_util import free_port
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 #: served without a token, as the README says: no ids, no content (checked on a real worker in
@@ -147,7 +151,7 @@ def test_every_served_route_refuses_a_request_without_a_valid_token(served_route
 
     async def probe() -> list[tuple[str, str, int, int]]:
         out = []
-        async with TestClient(TestServer(rt.app.web.web_app)) as client:
+        async with TestClient(TestServer(rt.app.web.web_app, host="127.0.0.1", port=free_port())) as client:
             for method, path in routes:
                 if path in OPEN_ROUTES:
                     continue
@@ -162,21 +166,30 @@ def test_every_served_route_refuses_a_request_without_a_valid_token(served_route
 
 
 # ----------------------------------------------------------------------------- server limits
-def test_server_limits_close_slow_heads_and_connections_beyond_the_cap():
+@asynccontextmanager
+async def served(rt: Runtime) -> AsyncIterator[int]:
+    """The worker's web server of `rt`, in process, on a free port of this checkout's band
+    (below 32768); yields the port."""
     from aiohttp import web
 
+    rt.app.web.init_server()
+    runner = rt.app.web._runner
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield port
+    finally:
+        await runner.cleanup()
+
+
+def test_server_limits_close_slow_heads_and_connections_beyond_the_cap():
     rt = Runtime(Settings(registry_url="", partitions=3, api_tokens="t:none", http_header_timeout_s=0.5,
                           http_max_connections=2, http_idle_timeout_s=1.0))
     register_all(rt)
-    rt.app.web.init_server()
 
     async def scenario() -> dict[str, object]:
-        runner = rt.app.web._runner
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        try:
+        async with served(rt) as port:
             slow_r, slow_w = await asyncio.open_connection("127.0.0.1", port)
             slow_w.write(b"GET /v1/graphs/g HTTP/1.1\r\nHost: x\r\n")  # the head never ends
             idle_r, _idle_w = await asyncio.open_connection("127.0.0.1", port)  # never sends a byte
@@ -189,8 +202,6 @@ def test_server_limits_close_slow_heads_and_connections_beyond_the_cap():
             ok_w.write(b"GET /v1/graphs/g HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             ok = await asyncio.wait_for(ok_r.read(), 3)
             return {"over": over, "slow": slow, "idle": idle, "ok": ok}
-        finally:
-            await runner.cleanup()
 
     out = asyncio.run(scenario())
     assert out["over"] == b"" and out["slow"] == b"" and out["idle"] == b""
@@ -198,24 +209,14 @@ def test_server_limits_close_slow_heads_and_connections_beyond_the_cap():
 
 
 def test_a_body_that_does_not_arrive_in_time_is_408():
-    from aiohttp import web
-
     rt = Runtime(Settings(registry_url="", partitions=3, api_tokens="t:none:negotiator", http_read_timeout_s=0.5))
     register_all(rt)
-    rt.app.web.init_server()
 
     async def scenario() -> bytes:
-        runner = rt.app.web._runner
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        try:
+        async with served(rt) as port:
             r, w = await asyncio.open_connection("127.0.0.1", port)
             w.write(b"POST /v1/negotiator/u-1/forget HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n"
                     b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"desc")
             return await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
-        finally:
-            await runner.cleanup()
 
     assert asyncio.run(scenario()).startswith(b"HTTP/1.1 408")

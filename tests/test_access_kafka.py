@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -27,7 +25,7 @@ from streams.app import Runtime
 from streams.core.nodes import content_fingerprint
 from streams.settings import Settings
 
-from .kafka_util import candidate, consume, free_port, log_of, produce, worker
+from .kafka_util import candidate, consume, free_port, http_call, log_of, produce, worker
 
 pytestmark = pytest.mark.kafka
 
@@ -49,17 +47,8 @@ USER_PARAMS = ("{motebit_id}", "{user_id}")
 
 
 def call(port: int, method: str, path: str, token: str | None, body: dict | None = None) -> tuple[int, bytes]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
+    status, _, raw = http_call(port, method, path, token, body)
+    return status, raw
 
 
 def settled(port: int, method: str, path: str, token: str | None, body: dict | None = None) -> tuple[int, bytes]:

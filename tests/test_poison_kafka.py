@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 from confluent_kafka import Producer
@@ -36,7 +34,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from streams import catalog, kafkatools
 from streams.wire import encode_key
 
-from .kafka_util import candidate, produce
+from .kafka_util import candidate, http_call, produce
 from .test_faults_kafka import INPUTS, OUTPUTS, TOKEN, answers, begin, fleet_for, read_outputs, stream_of
 from .test_faults_kafka import _stop_every_worker  # noqa: F401 - no worker outlives a test
 
@@ -49,14 +47,9 @@ def _post(port: int, path: str, body: bytes, timeout: float = 90) -> int:
     """POST as a client would: a 503 (partitions moving, Retry-After) is retried."""
     deadline = time.monotonic() + timeout
     while True:
-        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method="POST",
-                                     headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=60) as r:
-                return r.status
-        except urllib.error.HTTPError as e:
-            if e.code != 503 or time.monotonic() > deadline:
-                return e.code
+        status = http_call(port, "POST", path, TOKEN, body)[0]
+        if status != 503 or time.monotonic() > deadline:
+            return status
         time.sleep(1)
 
 
@@ -210,7 +203,7 @@ def test_a_user_whose_rows_cannot_be_rebuilt_is_contained_and_everybody_else_ser
     assert status == 200 and [n["content"] for n in body["nodes"]] == ["A fact of the fine user."]
     got = _get_with_headers(port, f"/v1/memory/{broken}/nodes")
     assert got[0] == 503 and got[1].get("Retry-After") and "cannot be rebuilt" in got[2]
-    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=15).read().decode()
+    metrics = http_call(port, "GET", "/metrics", timeout=15)[2].decode()
     assert "memstream_memory_users_contained 1" in metrics
     fleet.alive()
     fleet.stop_all()
@@ -220,9 +213,5 @@ def test_a_user_whose_rows_cannot_be_rebuilt_is_contained_and_everybody_else_ser
 
 
 def _get_with_headers(port: int, path: str) -> tuple[int, dict, str]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"Bearer {TOKEN}"})
-    try:
-        with urllib.request.urlopen(req, timeout=15) as r:
-            return r.status, dict(r.headers), r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read().decode()
+    status, headers, raw = http_call(port, "GET", path, TOKEN, timeout=15)
+    return status, headers, raw.decode()

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from streams import catalog
 
-from .kafka_util import candidate, consume, free_port, http_get, produce, worker
+from .kafka_util import candidate, consume, free_port, http_call, http_get, produce, worker
 
 pytestmark = pytest.mark.kafka
 
@@ -66,18 +64,8 @@ def test_queries_are_answered_by_the_partition_owner_from_any_worker(stack, uniq
 
 def call(port: int, method: str, path: str, token: str | None = "t", body: dict | None = None,
          timeout: float = 60) -> tuple[int, dict[str, str], bytes]:
-    """Any request; (status, headers, raw body) whatever the status or content type."""
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
+    """Any request with the suite's token; (status, headers, raw body)."""
+    return http_call(port, method, path, token, body, timeout)
 
 
 def documented_routes(users: list[str], unique: str) -> list[tuple[str, str, dict | None]]:
