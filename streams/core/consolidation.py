@@ -135,6 +135,9 @@ class _Query:
     memory_type: str
     #: where the shingle sets of the user's nodes are cached (None: computed each time)
     index: SimilarityIndex | None = None
+    #: exact Jaccard scores already computed in one pass (node_id -> score; see
+    #: SimilarityIndex.jaccard_many)
+    text_scores: dict[str, float] = field(default_factory=dict)
 
 
 def _query(candidate: Mapping[str, Any], index: SimilarityIndex | None = None) -> _Query:
@@ -162,7 +165,10 @@ def score_pair(q: _Query, node: Mapping[str, Any]) -> tuple[float, str]:
         c = cosine(q.embedding, ne)
         if c is not None:
             return c, "cosine"
-    return jaccard(q.shingles, _node_shingles(q, node)), "jaccard"
+    score = q.text_scores.get(node["node_id"])
+    if score is None:
+        score = jaccard(q.shingles, _node_shingles(q, node))
+    return score, "jaccard"
 
 
 def classify(q: _Query, node: Mapping[str, Any], policy: ConsolidationPolicy) -> tuple[int, float, str, str]:
@@ -209,6 +215,13 @@ class DeterministicDecider:
         q = _query(candidate, memory.index)
         if self.use_index:
             ids = memory.index.candidates(q.content, q.embedding, q.shingles)
+            if memory.index.hashed:
+                q.text_scores = memory.index.jaccard_many(q.shingles, list(ids))
+                if q.embedding is None:
+                    # every node is scored by Jaccard, and below the lowest text threshold
+                    # classify() finds nothing (no_similar): only the rest is worth classifying
+                    floor = min(policy.text_supersede_threshold, policy.text_merge_threshold)
+                    ids = [i for i in ids if q.text_scores.get(i, floor) >= floor]
         else:
             ids = set(memory.live)
         best: tuple[int, float, str] | None = None  # (class, score, -) ordering helper

@@ -331,6 +331,8 @@ class _RowStore:
         self._m = np.zeros((16, width), dtype=dtype)
         self._slot: dict[str, int] = {}
         self._free: list[int] = []
+        #: slot -> node id (None: free)
+        self.ids: list[str | None] = []
 
     def put(self, node_id: str, row: np.ndarray) -> None:
         slot = self._slot.get(node_id)
@@ -339,17 +341,26 @@ class _RowStore:
                 slot = self._free.pop()
             else:
                 slot = len(self._slot)
+                self.ids.append(None)
                 if slot >= self._m.shape[0]:
                     grown = np.zeros((self._m.shape[0] * 2, self._m.shape[1]), dtype=self._m.dtype)
                     grown[: self._m.shape[0]] = self._m
                     self._m = grown
             self._slot[node_id] = slot
+            self.ids[slot] = node_id
         self._m[slot] = row
 
     def drop(self, node_id: str) -> None:
         slot = self._slot.pop(node_id, None)
         if slot is not None:
             self._free.append(slot)
+            self.ids[slot] = None
+
+    def slot_of(self, node_id: str) -> int:
+        return self._slot[node_id]
+
+    def rows_at(self, slots: np.ndarray) -> np.ndarray:
+        return self._m[slots]
 
     def get(self, node_id: str) -> np.ndarray | None:
         slot = self._slot.get(node_id)
@@ -404,6 +415,11 @@ class SimilarityIndex:
         self._text_tables: list[dict] = []
         self._text_keys: dict[str, tuple[int, ...]] = {}
         self._sigs: _RowStore | None = None
+        #: hashed users: each distinct shingle of the indexed texts numbered (per user, so no
+        #: collision is possible), and per node the sorted numbers of its shingle set — exact
+        #: Jaccard of many nodes at once (:meth:`jaccard_many`)
+        self._vocab: dict[str, int] = {}
+        self._shingle_ids: dict[str, np.ndarray] = {}
         # node_id -> (dim, codes)
         self._emb: dict[str, tuple[int, tuple[int, ...]]] = {}
         self._emb_tables: dict[int, list[dict]] = {}
@@ -453,12 +469,20 @@ class SimilarityIndex:
             self._shingles.clear()  # no longer scanned exactly: the cache would only grow
 
     def _hash_node(self, node_id: str, text: str, embedding: Sequence[float] | None) -> None:
-        sig = self._signature(text)
+        shingles = text_shingles(text)
+        sig = self._signature(text, shingles)
+        vocab = self._vocab
+        self._shingle_ids[node_id] = np.unique(
+            np.fromiter((vocab.setdefault(x, len(vocab)) for x in shingles), dtype=np.int32, count=len(shingles))
+        )
         keys = self._keys(sig)
+        sigs = self._sigs
+        assert sigs is not None
+        sigs.put(node_id, sig)
+        slot = sigs.slot_of(node_id)  # the text buckets hold signature slots (ints)
         for table, key in zip(self._text_tables, keys):
-            _bucket_add(table, key, node_id)
+            _bucket_add(table, key, slot)
         self._text_keys[node_id] = keys
-        self._sigs.put(node_id, sig)  # type: ignore[union-attr]
         if usable_embedding(embedding):
             unit = unit_vector(embedding)  # type: ignore[arg-type]
             dim = unit.shape[0]
@@ -485,9 +509,13 @@ class SimilarityIndex:
         keys = self._text_keys.pop(node_id, None)
         if keys is None:
             return
+        sigs = self._sigs
+        assert sigs is not None
+        slot = sigs.slot_of(node_id)
         for table, key in zip(self._text_tables, keys):
-            _bucket_remove(table, key, node_id)
-        self._sigs.drop(node_id)  # type: ignore[union-attr]
+            _bucket_remove(table, key, slot)
+        sigs.drop(node_id)
+        self._shingle_ids.pop(node_id, None)
         emb = self._emb.pop(node_id, None)
         if emb is not None:
             dim, codes = emb
@@ -528,6 +556,28 @@ class SimilarityIndex:
             self._shingles[node_id] = (text, sh)
         return sh
 
+    def jaccard_many(self, shingles: frozenset[str], node_ids: Sequence[str]) -> dict[str, float]:
+        """``jaccard(shingles, text_shingles(text of node))`` for each hashed node of
+        ``node_ids`` — the same floats, bit for bit (integer counts, one division), computed
+        on the numbered shingle sets in one vectorized pass instead of one set per node.
+        Nodes not hashed are left out (the caller scores them itself)."""
+        ids = [i for i in node_ids if i in self._shingle_ids]
+        if not ids:
+            return {}
+        vocab = self._vocab
+        q = np.fromiter((n for n in map(vocab.get, shingles) if n is not None), dtype=np.int32)
+        arrays = [self._shingle_ids[i] for i in ids]
+        sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+        hit = np.isin(np.concatenate(arrays), q)
+        ends = np.cumsum(sizes)
+        cum = np.concatenate(([0], np.cumsum(hit, dtype=np.int64)))
+        inter = (cum[ends] - cum[ends - sizes]).tolist()
+        lq = len(shingles)
+        out = {}
+        for nid, la, n in zip(ids, sizes.tolist(), inter):
+            out[nid] = 0.0 if la == 0 and lq == 0 else n / (la + lq - n)
+        return out
+
     def candidates(
         self, text: str, embedding: Sequence[float] | None = None, shingles: frozenset[str] | None = None
     ) -> set[str]:
@@ -565,17 +615,22 @@ class SimilarityIndex:
                 out |= hits
         sig = self._signature(text, shingles)
         emb = self._emb
-        text_hits: set[str] = set()
+        sigs = self._sigs
+        assert sigs is not None
+        slots: set[int] = set()
         for table, key in zip(self._text_tables, self._keys(sig)):
-            text_hits.update(_bucket_iter(table, key))
-        if dim is not None and text_hits:
+            slots.update(_bucket_iter(table, key))
+        slot_ids = sigs.ids
+        if dim is not None and slots:
             # scored by cosine: their recall comes from the hyperplanes
-            text_hits = {i for i in text_hits if (e := emb.get(i)) is None or e[0] != dim}
-        raw += len(text_hits)
-        if text_hits and c.text_verify_floor is not None:
-            ids = list(text_hits)
-            est = (self._sigs.rows(ids) == sig[None, :]).mean(axis=1)  # type: ignore[union-attr]
-            text_hits = {i for i, e in zip(ids, est.tolist()) if e >= c.text_verify_floor}
-        out |= text_hits
+            slots = {s for s in slots if (e := emb.get(slot_ids[s])) is None or e[0] != dim}  # type: ignore[arg-type]
+        raw += len(slots)
+        if slots and c.text_verify_floor is not None:
+            at = np.fromiter(slots, dtype=np.int64, count=len(slots))
+            est = (sigs.rows_at(at) == sig[None, :]).mean(axis=1)
+            at = at[est >= c.text_verify_floor]
+            out.update(slot_ids[s] for s in at.tolist())  # type: ignore[misc]
+        else:
+            out.update(slot_ids[s] for s in slots)  # type: ignore[misc]
         self.last_raw_candidates = raw
         return out
