@@ -49,7 +49,6 @@ def main() -> int:
     ap.add_argument("--output", required=True)
     ap.add_argument("--topics", required=True)
     ap.add_argument("--count", type=int, required=True)
-    ap.add_argument("--timeout", type=float, default=1800.0)
     args = ap.parse_args()
 
     factory = CodecFactory.from_url(args.registry)
@@ -93,7 +92,7 @@ def main() -> int:
 
         frames.append(app.dataframe(topic).apply(bound, metadata=True, expand=True).to_topic(out_topic))
     started = time.monotonic()
-    app.run(timeout=args.timeout) if False else app.run()
+    app.run()
     elapsed = time.monotonic() - (state["t0"] or started)
     cpu = cpu_s() - state["cpu0"]
     n = state["n"]
