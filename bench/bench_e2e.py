@@ -76,7 +76,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections import Counter, defaultdict, deque
+from collections import Counter
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -136,20 +136,8 @@ def ledger_ids(item: generate.Item) -> tuple[str, ...]:
     return ()
 
 
-def interleave(items: Iterable[generate.Item]) -> list[generate.Item]:
-    """Round-robin over keys (many users at once), each key's records in their order."""
-    lanes: dict[str, deque[generate.Item]] = defaultdict(deque)
-    for item in items:
-        lanes[item.key].append(item)
-    queues, out = list(lanes.values()), []
-    while queues:
-        out += [q.popleft() for q in queues]
-        queues = [q for q in queues if q]
-    return out
-
-
 def build_load(settings: Settings, users: int) -> list[Record]:
-    items = interleave(generate.generate(seed=7, users=users, epoch_ms=int(time.time() * 1000) - HOUR_MS))
+    items = generate.interleave(generate.generate(seed=7, users=users, epoch_ms=int(time.time() * 1000) - HOUR_MS))
     factory = CodecFactory.from_url(settings.registry_url)
     factory.register(INPUTS)
     return [Record(i.topic, encode_key(i.key), i.value if isinstance(i.value, bytes) else
@@ -241,14 +229,9 @@ def raw_copy(settings: Settings, start: kafkatools.Offsets, end: kafkatools.Offs
     return copied / (time.monotonic() - started)
 
 
-# ------------------------------------------------------------------------------ Quix Streams peer
-QUIX_VENV = Path("bench/.venv-quix")
-QUIX_REQUIREMENTS = ["quixstreams==3.28.1", "numpy", "fastavro"]
+class PerRecord:
+    """Rate and CPU per record of a run that has `records`, `seconds` and `cpu_s`."""
 
-
-@dataclass(frozen=True)
-class Peer:
-    label: str
     records: int
     seconds: float
     cpu_s: float
@@ -260,6 +243,19 @@ class Peer:
     @property
     def cpu_ms_per_record(self) -> float:
         return 1000 * self.cpu_s / self.records
+
+
+# ------------------------------------------------------------------------------ Quix Streams peer
+QUIX_VENV = Path("bench/.venv-quix")
+QUIX_REQUIREMENTS = ["quixstreams==3.28.1", "numpy", "fastavro"]
+
+
+@dataclass(frozen=True)
+class Peer(PerRecord):
+    label: str
+    records: int
+    seconds: float
+    cpu_s: float
 
 
 def quix_python() -> Path:
@@ -453,7 +449,7 @@ def wait_processed(settings: Settings, app_id: str, ends: kafkatools.Offsets, wo
 
 # ------------------------------------------------------------------------------------ throughput
 @dataclass
-class Throughput:
+class Throughput(PerRecord):
     label: str
     workers: int
     store: str
@@ -461,14 +457,6 @@ class Throughput:
     seconds: float
     cpu_s: float  # CPU time of all workers from the first produce to the end
     rss_mib: list[float]
-
-    @property
-    def rate(self) -> float:
-        return self.records / self.seconds
-
-    @property
-    def cpu_ms_per_record(self) -> float:
-        return 1000 * self.cpu_s / self.records
 
 
 def pipeline_run(settings: Settings, load: list[Record], state: list[StateRow], label: str, count: int,

@@ -2,14 +2,17 @@
 
 The fast paths — exact scan without MinHash signatures while a user has at most
 ``exact_scan_below`` live nodes, the per-node shingle cache, one hasher shared by every user,
-hash tables built on first need, uuid5 computed without ``uuid.UUID`` objects — must change
-nothing a consumer can see. The oracle is the *old path*, run in the same test (no stored
-file: it would go stale whenever the consolidation arithmetic changes):
+hash tables built on first need, the vectorized exact Jaccard (``jaccard_many``), uuid5
+computed without ``uuid.UUID`` objects — must change nothing a consumer can see. The oracle is
+the *old path*, run in the same test (no stored file: it would go stale whenever the
+consolidation arithmetic changes): :func:`old_path` — every node hashed as it is added, no
+shingle cache, each Jaccard on two Python sets, ids through :func:`uuid.uuid5` — with the same
+``IndexConfig``, and also hashing for every user (``exact_scan_below=0``, the behaviour before
+the exact scan) and a brute-force decider (every live node scored) where every user stays small.
 
-* ``IndexConfig(exact_scan_below=0)``: every query goes through the MinHash / hyperplane
-  tables, hashed node by node as they are added (the old behaviour), no shingle cache;
-* ids through :func:`uuid.uuid5` itself (the reference :func:`reference_uuid5_str`);
-* a brute-force decider (every live node scored) as a second oracle.
+LSH is probabilistic: an exact scan can find a node that LSH misses, so the old path with
+``exact_scan_below=0`` can differ from the new one with 32 when a user is small; that is why
+the oracle for an exact-scan size is the old path with the same size.
 
 Input: the bench's streams with fixed seeds — `streams.generate` (the e2e bench's mixed
 stream: candidates and device events of many users, interleaved as the bench sends them) and
@@ -30,11 +33,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.bench_consolidation import memory_text, near, one_word_edit, unit, vocabulary
-from bench.bench_e2e import interleave
 from streams import catalog, generate
 from streams.core import DeterministicDecider, IndexConfig, UserMemory, ids, process_candidate, process_event
 from streams.core.redaction import relay_events
-from streams.core.similarity import MinHasher, shared_minhasher
+from streams.core.similarity import MinHasher, SimilarityIndex, shared_minhasher, text_shingles
 
 OLD_INDEX = IndexConfig(exact_scan_below=0)
 
@@ -44,7 +46,7 @@ def reference_uuid5_str(name: str) -> str:
 
 
 def mixed_stream(users: int = 60, seed: int = 7) -> list[tuple[str, str, dict]]:
-    items = interleave(generate.generate(seed=seed, users=users, kinds=("memory",)))
+    items = generate.interleave(generate.generate(seed=seed, users=users, kinds=("memory",)))
     return [(i.topic, i.key, i.value) for i in items if isinstance(i.value, dict)]
 
 
@@ -99,10 +101,22 @@ def run(stream: list[tuple[str, str, dict]], config: IndexConfig, decider=None) 
     return {"outputs": outputs, "state": state}
 
 
-def old_path(stream, monkeypatch, decider=None) -> dict[str, Any]:
+def old_path(stream, monkeypatch, config: IndexConfig = OLD_INDEX, decider=None) -> dict[str, Any]:
+    """The stream through the path before the fast paths: every node hashed as it is added,
+    no shingle cache, each Jaccard on two sets, ids through uuid.uuid5."""
+    original_add = SimilarityIndex.add
+
+    def eager_add(self, node_id, text, embedding=None):
+        original_add(self, node_id, text, embedding)
+        if not self.hashed:
+            self._build()
+
     with monkeypatch.context() as m:
         m.setattr(ids, "uuid5_str", reference_uuid5_str)
-        return run(stream, OLD_INDEX, decider)
+        m.setattr(SimilarityIndex, "add", eager_add)
+        m.setattr(SimilarityIndex, "shingles_of", lambda self, node_id, text: text_shingles(text))
+        m.setattr(SimilarityIndex, "jaccard_many", lambda self, shingles, node_ids: {})
+        return run(stream, config, decider)
 
 
 def assert_same(new: dict, old: dict) -> None:
@@ -115,7 +129,10 @@ def assert_same(new: dict, old: dict) -> None:
 def test_the_mixed_stream_is_identical_on_the_old_and_the_new_path(monkeypatch):
     stream = mixed_stream()
     new = run(stream, IndexConfig())
-    assert_same(new, old_path(stream, monkeypatch))
+    assert_same(new, old_path(stream, monkeypatch, IndexConfig()))
+    assert_same(new, old_path(stream, monkeypatch))  # hashing for every user, as before the exact scan
+    # every user stays small: these are the decisions of scoring every live node
+    assert_same(new, old_path(stream, monkeypatch, decider=DeterministicDecider(use_index=False)))
     actions = {o["decision"].action for o in new["outputs"] if o["decision"]}
     assert {"accept", "merge", "supersede", "reject"} <= actions  # the stream exercises every decision
 
@@ -124,10 +141,9 @@ def test_the_mixed_stream_is_identical_on_the_old_and_the_new_path(monkeypatch):
 def test_users_growing_past_the_exact_scan_size_are_identical_on_the_old_and_the_new_path(monkeypatch, dim):
     stream = growing_stream(seed=20240601 + dim, users=3, per_user=90, dim=dim)
     new = run(stream, IndexConfig())
-    old = old_path(stream, monkeypatch)
-    assert_same(new, old)
-    # and equal to scoring every live node (the decisions the spec defines)
-    assert_same(new, old_path(stream, monkeypatch, DeterministicDecider(use_index=False)))
+    assert_same(new, old_path(stream, monkeypatch, IndexConfig()))
+    # hashed from the first node on: the vectorized Jaccard against sets, on every query
+    assert_same(run(stream, OLD_INDEX), old_path(stream, monkeypatch, OLD_INDEX))
     live = [sum(1 for n in nodes if n["valid_until"] is None) for nodes, _ in new["state"].values()]
     assert max(live) > IndexConfig().exact_scan_below  # the users did grow past it
     actions = {o["decision"].action for o in new["outputs"] if o["decision"]}
@@ -137,8 +153,12 @@ def test_users_growing_past_the_exact_scan_size_are_identical_on_the_old_and_the
 @settings(max_examples=20, deadline=None)
 @given(st.integers(0, 10**9), st.integers(0, 40))
 def test_any_exact_scan_size_gives_the_outputs_of_the_old_path(seed, threshold):
+    """(LSH may miss a node the exact scan finds, so each exact-scan size is compared with the
+    old path at the same size: the fast paths change nothing else.)"""
     stream = growing_stream(seed=seed, users=1, per_user=60, dim=4)
-    assert_same(run(stream, IndexConfig(exact_scan_below=threshold)), run(stream, OLD_INDEX))
+    config = IndexConfig(exact_scan_below=threshold)
+    with pytest.MonkeyPatch.context() as mp:
+        assert_same(run(stream, config), old_path(stream, mp, config))
 
 
 @given(st.text(st.characters(blacklist_categories=("Cs",)), max_size=200))
