@@ -396,8 +396,11 @@ def shared_hyperplanes(dim: int, tables: int, bits: int, seed: int) -> _Hyperpla
 class SimilarityIndex:
     """Per-user LSH index over live nodes: ``add`` / ``remove`` / ``candidates``.
 
-    Memory per node: ``text_bands`` bucket entries + a ``num_perm`` × uint32 signature row,
-    plus ``hyperplane_tables`` entries + a float32 unit vector when it has an embedding."""
+    Memory per node of a hashed user: ``text_bands`` bucket entries + a ``num_perm`` × uint32
+    signature row + its shingle numbers (int32 each, ~60 for a sentence; the per-user numbering
+    keeps every shingle string once and is not trimmed when nodes go: it is rebuilt with the
+    index), plus ``hyperplane_tables`` entries + a float32 unit vector when it has an
+    embedding. A user not hashed holds only a reference to each node's text and embedding."""
 
     def __init__(self, config: IndexConfig | None = None) -> None:
         self.config = config or IndexConfig()
