@@ -61,11 +61,10 @@ def main() -> int:
                       loglevel="WARNING")
     out_topic = app.topic(args.output, value_serializer="json", key_serializer="str")
 
-    def handle(value: bytes, key: str, _ts: int, headers) -> list:
+    def handle(topic: str, value: bytes, key: str) -> list:
         if not state["n"]:
             state["t0"], state["cpu0"] = time.monotonic(), cpu_s()
         state["n"] += 1
-        topic = handle.topic  # type: ignore[attr-defined]
         ledger: list = []
         try:
             record = codecs[topic].decode(value)
@@ -86,13 +85,12 @@ def main() -> int:
     for name in names:
         topic = app.topic(name, value_deserializer="bytes", key_deserializer="str")
 
-        def bound(value, key, ts, headers, _name=name):
-            handle.topic = _name  # type: ignore[attr-defined]
-            return handle(value, key, ts, headers)
+        def bound(value, key, _ts, _headers, _name=name):
+            return handle(_name, value, key)
 
         frames.append(app.dataframe(topic).apply(bound, metadata=True, expand=True).to_topic(out_topic))
     started = time.monotonic()
-    app.run()
+    app.run()  # every dataframe defined above
     elapsed = time.monotonic() - (state["t0"] or started)
     cpu = cpu_s() - state["cpu0"]
     n = state["n"]
