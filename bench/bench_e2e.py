@@ -19,6 +19,13 @@ What each figure means:
 * **raw baseline**: a confluent-kafka consumer→producer copying exactly those records (same
   bytes) from the input topics to a scratch topic (acks=all, async commits); records / time from
   the first fetch until the producer has flushed.
+* **Quix Streams peer** (`--no-quix` skips it): Quix Streams 3.28.1 running memstream's own
+  `process_candidate` / `process_event` on exactly those records (bench/quix_peer.py: decoded with
+  memstream's codec, one `UserMemory` per user in a dict, ledger events sent as JSON to a scratch
+  topic), in its own virtualenv bench/.venv-quix made on first use (a benchmark dependency, not a
+  runtime one); records / time from its first record until it has stopped (producer flushed,
+  offsets committed), and its process CPU per record. Every pipeline figure is reported as a ratio
+  to the raw copy and to this peer, measured in the same run, with the load average beside them.
 * **pipeline**: a fresh app id (consumer group, changelogs, data dir) per run, positioned at the
   end of the input topics; the workers are started, `/health` ready and their memory caches
   rebuilt (one `GET /v1/memory/{user}/nodes` per partition: the lazy rebuild that follows every
@@ -69,7 +76,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections import Counter, defaultdict, deque
+from collections import Counter
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -129,20 +136,8 @@ def ledger_ids(item: generate.Item) -> tuple[str, ...]:
     return ()
 
 
-def interleave(items: Iterable[generate.Item]) -> list[generate.Item]:
-    """Round-robin over keys (many users at once), each key's records in their order."""
-    lanes: dict[str, deque[generate.Item]] = defaultdict(deque)
-    for item in items:
-        lanes[item.key].append(item)
-    queues, out = list(lanes.values()), []
-    while queues:
-        out += [q.popleft() for q in queues]
-        queues = [q for q in queues if q]
-    return out
-
-
 def build_load(settings: Settings, users: int) -> list[Record]:
-    items = interleave(generate.generate(seed=7, users=users, epoch_ms=int(time.time() * 1000) - HOUR_MS))
+    items = generate.interleave(generate.generate(seed=7, users=users, epoch_ms=int(time.time() * 1000) - HOUR_MS))
     factory = CodecFactory.from_url(settings.registry_url)
     factory.register(INPUTS)
     return [Record(i.topic, encode_key(i.key), i.value if isinstance(i.value, bytes) else
@@ -232,6 +227,74 @@ def raw_copy(settings: Settings, start: kafkatools.Offsets, end: kafkatools.Offs
     finally:
         consumer.close()
     return copied / (time.monotonic() - started)
+
+
+class PerRecord:
+    """Rate and CPU per record of a run that has `records`, `seconds` and `cpu_s`."""
+
+    records: int
+    seconds: float
+    cpu_s: float
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds
+
+    @property
+    def cpu_ms_per_record(self) -> float:
+        return 1000 * self.cpu_s / self.records
+
+
+# ------------------------------------------------------------------------------ Quix Streams peer
+QUIX_VENV = Path("bench/.venv-quix")
+QUIX_REQUIREMENTS = ["quixstreams==3.28.1", "numpy", "fastavro"]
+
+
+@dataclass(frozen=True)
+class Peer(PerRecord):
+    label: str
+    records: int
+    seconds: float
+    cpu_s: float
+
+
+def quix_python() -> Path:
+    """The peer's own virtualenv (a benchmark dependency, not a runtime one: Quix Streams' pins
+    need not agree with memstream's); made on first use."""
+    python = QUIX_VENV / "bin" / "python"
+    ok = python.exists() and subprocess.run([str(python), "-c", "import quixstreams, numpy, fastavro"],
+                                            capture_output=True).returncode == 0
+    if not ok:
+        say(f"   making {QUIX_VENV} ({', '.join(QUIX_REQUIREMENTS)}) …")
+        subprocess.run([sys.executable, "-m", "venv", str(QUIX_VENV)], check=True)
+        r = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *QUIX_REQUIREMENTS])
+        if r.returncode != 0:
+            raise BenchError(f"could not install {QUIX_REQUIREMENTS} into {QUIX_VENV}")
+    return python
+
+
+def quix_peer(settings: Settings, start: kafkatools.Offsets, end: kafkatools.Offsets, run: Path) -> Peer:
+    """Quix Streams + memstream's own process_candidate / process_event on the same records
+    (bench/quix_peer.py, in its own virtualenv), from `start` to `end`."""
+    python = quix_python()
+    group, output = f"{run.name}-quix", f"{run.name}-quix-out"
+    count = sum(off - start[tp] for tp, off in end.items() if off > start[tp])
+    kafkatools.position_group(settings, group, start)  # the group starts where the load starts
+    create_topic(settings, output, {})
+    say(f"   Quix Streams + process_candidate: {count:,} records …")
+    r = subprocess.run([str(python), "bench/quix_peer.py", "--broker", settings.broker,
+                        "--registry", settings.registry_url, "--group", group, "--output", output,
+                        "--topics", ",".join(INPUTS), "--count", str(count)],
+                       capture_output=True, text=True, timeout=3600)
+    (run / "quix-peer.log").parent.mkdir(parents=True, exist_ok=True)
+    (run / "quix-peer.log").write_text(r.stdout + r.stderr)
+    line = next((x for x in reversed(r.stdout.splitlines()) if x.startswith("{")), None)
+    if r.returncode != 0 or line is None:
+        raise BenchError(f"the Quix Streams peer failed (exit {r.returncode}); see {run / 'quix-peer.log'}")
+    res = orjson.loads(line)
+    peer = Peer("Quix Streams + process_candidate", int(res["records"]), float(res["seconds"]), float(res["cpu_s"]))
+    say(f"   Quix Streams + process_candidate: {peer.rate:,.0f} records/s, CPU {peer.cpu_ms_per_record:.2f} ms/record")
+    return peer
 
 
 # ------------------------------------------------------------------------------ memory-state rows
@@ -386,7 +449,7 @@ def wait_processed(settings: Settings, app_id: str, ends: kafkatools.Offsets, wo
 
 # ------------------------------------------------------------------------------------ throughput
 @dataclass
-class Throughput:
+class Throughput(PerRecord):
     label: str
     workers: int
     store: str
@@ -394,14 +457,6 @@ class Throughput:
     seconds: float
     cpu_s: float  # CPU time of all workers from the first produce to the end
     rss_mib: list[float]
-
-    @property
-    def rate(self) -> float:
-        return self.records / self.seconds
-
-    @property
-    def cpu_ms_per_record(self) -> float:
-        return 1000 * self.cpu_s / self.records
 
 
 def pipeline_run(settings: Settings, load: list[Record], state: list[StateRow], label: str, count: int,
@@ -640,19 +695,26 @@ def versions(settings: Settings) -> str:
 
 
 def report(settings: Settings, args: argparse.Namespace, records: int, generator: float, raw: float,
-           runs: list[Throughput], latencies: list[Latency], recoveries: list[Recovery]) -> None:
-    say(f"\n## Summary ({time.strftime('%Y-%m-%d %H:%M %Z')})\n\n{machine()}\n{versions(settings)}\n"
+           runs: list[Throughput], latencies: list[Latency], recoveries: list[Recovery], quix: Peer | None = None) -> None:
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    say(f"\n## Summary ({time.strftime('%Y-%m-%d %H:%M %Z')}, load average {load})\n\n{machine()}\n{versions(settings)}\n"
         f"partitions {settings.partitions}, standby replicas {settings.standby_replicas}, batch max "
         f"{settings.batch_max} / wait {settings.batch_wait_ms} ms, registry {'yes' if settings.registry_url else 'no'}, "
         f"at-least-once; {args.users} users, each starting with {args.seen_ids} ids in its de-duplication window\n")
-    say("| run | workers | store | input records | time | records/s | of raw | worker CPU / record | peak RSS / worker |\n"
-        "|---|---|---|---|---|---|---|---|---|")
-    say(f"| load generator (producer only) | – | – | {records:,} | – | {generator:,.0f} | – | – | – |")
-    say(f"| raw consumer→producer copy | – | – | {records:,} | – | {raw:,.0f} | 100% | – | – |")
+    of_quix = (lambda rate: f"{rate / quix.rate:.2f}×") if quix else (lambda rate: "–")
+    cpu_of_quix = (lambda ms: f"{ms / quix.cpu_ms_per_record:.2f}×") if quix else (lambda ms: "–")
+    say("| run | workers | store | input records | time | records/s | of raw | of Quix peer | CPU / record | CPU of Quix peer's | peak RSS / worker |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|")
+    say(f"| load generator (producer only) | – | – | {records:,} | – | {generator:,.0f} | – | – | – | – | – |")
+    say(f"| raw consumer→producer copy | – | – | {records:,} | – | {raw:,.0f} | 100% | {of_quix(raw)} | – | – | – |")
+    if quix:
+        say(f"| {quix.label} | 1 | dict | {quix.records:,} | {quix.seconds:.1f} s | {quix.rate:,.0f} | "
+            f"{100 * quix.rate / raw:.1f}% | 1.00× | {quix.cpu_ms_per_record:.2f} ms | 1.00× | – |")
     for r in runs:
         rss = " / ".join(f"{m:,.0f} MiB" for m in r.rss_mib)
         say(f"| pipeline | {r.workers} | {r.store} | {r.records:,} | {r.seconds:.1f} s | **{r.rate:,.0f}** | "
-            f"{100 * r.rate / raw:.1f}% | {r.cpu_ms_per_record:.2f} ms | {rss} |")
+            f"{100 * r.rate / raw:.1f}% | {of_quix(r.rate)} | {r.cpu_ms_per_record:.2f} ms | "
+            f"{cpu_of_quix(r.cpu_ms_per_record)} | {rss} |")
     if latencies:
         say("\n| latency, one worker | inputs | matched | visible p50 | p99 | max | written p50 | p99 "
             "| p50 first ¼ | p50 last ¼ | worker CPU busy |\n|---|---|---|---|---|---|---|---|---|---|---|")
@@ -710,6 +772,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--recovery-users", type=int, default=100)
     ap.add_argument("--stores", default="rocksdb://,memory://", help="stores of the one-worker and recovery runs")
     ap.add_argument("--no-scaling", action="store_true", help="skip the two-worker run")
+    ap.add_argument("--no-quix", action="store_true", help="skip the Quix Streams peer (its virtualenv is made on first use)")
     ap.add_argument("--profile", action="store_true", help="one more one-worker run under py-spy (bench/out/<run id>/py-spy-profile.txt)")
     return ap.parse_args(argv)
 
@@ -724,8 +787,10 @@ def run_all(settings: Settings, args: argparse.Namespace, run: Path) -> None:
     say(f"   load generator: {generator:,.0f} records/s")
     scratch = f"{run.name}-raw-copy"
     create_topic(settings, scratch, {})
-    raw = raw_copy(settings, start, kafkatools.end_offsets(settings, INPUTS), scratch)
+    end = kafkatools.end_offsets(settings, INPUTS)
+    raw = raw_copy(settings, start, end, scratch)
     say(f"   raw consumer→producer copy: {raw:,.0f} records/s")
+    quix = None if args.no_quix else quix_peer(settings, start, end, run)
     runs = [pipeline_run(settings, load, state, f"1w-{s.split(':')[0]}", 1, s, run) for s in stores]
     if not args.no_scaling:
         runs.append(pipeline_run(settings, load, state, "2w-rocksdb", 2, "rocksdb://", run))
@@ -744,7 +809,7 @@ def run_all(settings: Settings, args: argparse.Namespace, run: Path) -> None:
         write_state(settings, app_id, recovery_rows(settings, nodes, args.recovery_users),
                     nodes + args.recovery_users * state_rows_per_user(settings, settings.dedup_max_ids))
         recoveries += [recovery_run(settings, app_id, nodes, args.recovery_users, s, run) for s in stores]
-    report(settings, args, len(load), generator, raw, runs, latencies, recoveries)
+    report(settings, args, len(load), generator, raw, runs, latencies, recoveries, quix)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import base64
 import random
 import uuid
+from collections import defaultdict, deque
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from . import catalog
 
@@ -307,6 +308,19 @@ def generate(seed: int = 7, users: int = 5, kinds: tuple[str, ...] = KINDS, epoc
     if "garbage" in kinds:
         items += garbage_items(chosen)
     return items
+
+
+def interleave(items: Iterable[Item]) -> list[Item]:
+    """Round-robin over keys (many users at once), each key's records in their order (how the
+    e2e bench sends the stream; the golden-output test of the core replays it the same way)."""
+    lanes: dict[str, deque[Item]] = defaultdict(deque)
+    for item in items:
+        lanes[item.key].append(item)
+    queues, out = list(lanes.values()), []
+    while queues:
+        out += [q.popleft() for q in queues]
+        queues = [q for q in queues if q]
+    return out
 
 
 def write_jsonl(items: list[Item], path: str) -> None:

@@ -59,6 +59,7 @@ class Settings:
     embedding_supersede_threshold: float = field(default=0.80, metadata={"doc": "Lower edge of the embedding contradiction band (supersede)."})
     promotion_min_reinforcements: int = field(default=3, metadata={"doc": "Promotion policy: reinforcement count needed (seed default 3)."})
     promotion_min_confidence: float = field(default=0.85, metadata={"doc": "Promotion policy: confidence needed (seed default 0.85)."})
+    exact_scan_nodes: int = field(default=32, metadata={"doc": "A user with at most this many live nodes is compared with each of them exactly, without hashing (no MinHash signatures or LSH tables are built for the user until it has more; also bounds the per-user cache of node shingle sets). Only speed and memory depend on it, never a decision of the default decider on the bench streams (tests/core/test_golden_paths.py)."})
     dedup_max_ids: int = field(default=2000, metadata={"doc": "Input ids remembered per user for duplicate detection (within 7 days)."})
     relay_threshold: str = field(default="personal", metadata={"doc": "Default consented sensitivity threshold of the relay: content above it is redacted (per-user override: PUT /v1/relay/{motebit_id}/threshold)."})
     negotiator_write_enabled: bool = field(default=True, metadata={"doc": "The host's memory write flag: off = negotiator `remember` returns null (forget always works)."})
@@ -117,6 +118,12 @@ class Settings:
     def limits(self) -> Limits:
         """The input limits as the pure core takes them (streams.core.limits.Limits)."""
         return Limits(**{name: getattr(self, name) for name in Limits.names()})
+
+    def index_config(self) -> Any:
+        """The similarity-index parameters the pure core takes (streams.core.IndexConfig)."""
+        from .core.similarity import IndexConfig
+
+        return IndexConfig(exact_scan_below=max(0, self.exact_scan_nodes))
 
     def replace(self, **changes: Any) -> "Settings":
         return dataclasses.replace(self, **changes)

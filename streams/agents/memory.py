@@ -138,6 +138,7 @@ class MemoryStore:
         self.cache: dict[str, UserMemory] = {}
         self.redo: dict[str, dict[str, Any]] = {}  # user -> redo-log rows not yet rewritten
         self.corrupt: dict[str, str] = {}  # user -> why its rows could not be rebuilt (contained)
+        self.index_config = rt.settings.index_config()
         self.valid = False
         rt.app.on_partitions_assigned.connect(self._on_rebalance)
         rt.app.on_partitions_revoked.connect(self._on_rebalance)
@@ -201,7 +202,8 @@ class MemoryStore:
                 continue
             try:
                 self.cache[u] = UserMemory.from_nodes(u, by_user.get(u, ()), aux.get(u), seen_chunks=chunks.get(u),
-                                                      side_rows=side.get(u), dedup_max_ids=self.rt.settings.dedup_max_ids)
+                                                      side_rows=side.get(u), dedup_max_ids=self.rt.settings.dedup_max_ids,
+                                                      index_config=self.index_config)
             except Exception as exc:  # noqa: BLE001 - one user's bad rows must not stop the others
                 corrupt[u] = f"{type(exc).__name__}: {str(exc)[:300]}"
         for u, why in corrupt.items():
@@ -238,7 +240,8 @@ class MemoryStore:
             raise UserContained(motebit_id, self.corrupt[motebit_id])
         um = self.cache.get(motebit_id)
         if um is None:
-            um = self.cache[motebit_id] = UserMemory(motebit_id, dedup_max_ids=self.rt.settings.dedup_max_ids)
+            um = self.cache[motebit_id] = UserMemory(motebit_id, dedup_max_ids=self.rt.settings.dedup_max_ids,
+                                                     index_config=self.index_config)
         return um
 
     def stage(self, motebit_id: str, um: UserMemory, out: Outcome) -> None:

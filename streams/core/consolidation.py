@@ -42,7 +42,7 @@ from typing import Any, Mapping, Protocol, runtime_checkable
 
 from .ids import event_id_for, node_id_for
 from .nodes import DAY_MS, content_fingerprint, make_node
-from .similarity import cosine, has_negation, jaccard, text_shingles, usable_embedding
+from .similarity import SimilarityIndex, cosine, has_negation, jaccard, text_shingles, usable_embedding
 from .state import UserMemory
 from .vocabulary import WIRE_ACTIONS, max_sensitivity, sensitivity_rank
 
@@ -133,9 +133,14 @@ class _Query:
     embedding: list[float] | None
     negated: bool
     memory_type: str
+    #: where the shingle sets of the user's nodes are cached (None: computed each time)
+    index: SimilarityIndex | None = None
+    #: exact Jaccard scores already computed in one pass (node_id -> score; see
+    #: SimilarityIndex.jaccard_many)
+    text_scores: dict[str, float] = field(default_factory=dict)
 
 
-def _query(candidate: Mapping[str, Any]) -> _Query:
+def _query(candidate: Mapping[str, Any], index: SimilarityIndex | None = None) -> _Query:
     emb = candidate.get("embedding")
     return _Query(
         content=candidate["content"],
@@ -143,7 +148,14 @@ def _query(candidate: Mapping[str, Any]) -> _Query:
         embedding=list(emb) if usable_embedding(emb) else None,
         negated=has_negation(candidate["content"]),
         memory_type=candidate.get("memory_type") or "semantic",
+        index=index,
     )
+
+
+def _node_shingles(q: _Query, node: Mapping[str, Any]) -> frozenset[str]:
+    if q.index is None:
+        return text_shingles(node["content"])
+    return q.index.shingles_of(node["node_id"], node["content"])
 
 
 def score_pair(q: _Query, node: Mapping[str, Any]) -> tuple[float, str]:
@@ -153,7 +165,10 @@ def score_pair(q: _Query, node: Mapping[str, Any]) -> tuple[float, str]:
         c = cosine(q.embedding, ne)
         if c is not None:
             return c, "cosine"
-    return jaccard(q.shingles, text_shingles(node["content"])), "jaccard"
+    score = q.text_scores.get(node["node_id"])
+    if score is None:
+        score = jaccard(q.shingles, _node_shingles(q, node))
+    return score, "jaccard"
 
 
 def classify(q: _Query, node: Mapping[str, Any], policy: ConsolidationPolicy) -> tuple[int, float, str, str]:
@@ -197,9 +212,16 @@ class DeterministicDecider:
                     "explicit_supersedes",
                     existing_node_id=head["node_id"],
                 )
-        q = _query(candidate)
+        q = _query(candidate, memory.index)
         if self.use_index:
-            ids = memory.index.candidates(q.content, q.embedding)
+            ids = memory.index.candidates(q.content, q.embedding, q.shingles)
+            if memory.index.hashed:
+                q.text_scores = memory.index.jaccard_many(q.shingles, list(ids))
+                if q.embedding is None:
+                    # every node is scored by Jaccard, and below the lowest text threshold
+                    # classify() finds nothing (no_similar): only the rest is worth classifying
+                    floor = min(policy.text_supersede_threshold, policy.text_merge_threshold)
+                    ids = [i for i in ids if q.text_scores.get(i, floor) >= floor]
         else:
             ids = set(memory.live)
         best: tuple[int, float, str] | None = None  # (class, score, -) ordering helper

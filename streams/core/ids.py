@@ -13,19 +13,32 @@ wire contract.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 
 #: uuid5(NAMESPACE_URL, "https://memstream.dev/ns/derived-ids/v1"), frozen as a literal.
 NAMESPACE = uuid.UUID("047b1799-3fa7-5926-a4da-9c0088dd91e1")
 
 _SEP = "\x1f"  # unit separator: cannot be confused with characters of ordinary ids
+_NAMESPACE_BYTES = NAMESPACE.bytes
+
+
+def uuid5_str(name: str) -> str:
+    """``str(uuid.uuid5(NAMESPACE, name))`` without building ``uuid.UUID`` objects (RFC 4122
+    §4.3: SHA-1 of namespace bytes + name, version nibble 5, variant bits 10); about 3× faster,
+    and it is on the path of every derived event (tests compare it with :func:`uuid.uuid5`)."""
+    h = bytearray(hashlib.sha1(_NAMESPACE_BYTES + name.encode("utf-8")).digest()[:16])
+    h[6] = (h[6] & 0x0F) | 0x50
+    h[8] = (h[8] & 0x3F) | 0x80
+    x = h.hex()
+    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
 
 
 def derive_id(motebit_id: str, source_id: str, role: str) -> str:
     """UUIDv5 (string form) of (user, source id, role) under :data:`NAMESPACE`."""
     if not isinstance(source_id, str) or not isinstance(role, str) or not isinstance(motebit_id, str):
         raise TypeError("derive_id takes strings")
-    return str(uuid.uuid5(NAMESPACE, f"{motebit_id}{_SEP}{source_id}{_SEP}{role}"))
+    return uuid5_str(f"{motebit_id}{_SEP}{source_id}{_SEP}{role}")
 
 
 def node_id_for(motebit_id: str, candidate_id: str) -> str:

@@ -18,8 +18,14 @@ Two layers, kept apart on purpose:
 
    ``candidates(text, embedding)`` returns the union of the buckets the query falls into —
    a small set; the decider then scores exactly that set with the exact measures.
-   Users with at most ``exact_scan_below`` live nodes are scanned exactly (cheaper than
-   hashing, and decisions for small users are then exactly the brute-force decisions).
+   Users with at most ``exact_scan_below`` live nodes (setting ``MEMSTREAM_EXACT_SCAN_NODES``)
+   are scanned exactly (cheaper than hashing, and decisions for small users are then exactly
+   the brute-force decisions). Nothing is hashed for them: the hash tables of a user are built
+   the first time a query finds more nodes than that (so a restart rebuilds no signatures,
+   and a user that is never queried never gets any), and kept in step from then on. While a
+   user is scanned exactly, the shingle set of each node is kept (:meth:`shingles_of`), so a
+   candidate costs one shingle computation (its own) instead of one per node. The MinHash
+   and hyperplane families are derived once per process and shared by every user's index.
 
 LSH is probabilistic: a node above the *lowest* decision threshold can, rarely, be missed.
 With the defaults (256 permutations = 64 bands × 4 rows, 32 hyperplane tables × 16 bits,
@@ -34,6 +40,7 @@ The index is derived state: :meth:`SimilarityIndex.from_nodes` rebuilds it from 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
@@ -203,6 +210,13 @@ class MinHasher:
         return ((self._a * h[None, :] + self._b) % self._p).min(axis=1)
 
 
+@functools.lru_cache(maxsize=8)
+def shared_minhasher(num_perm: int, seed: int) -> MinHasher:
+    """One MinHasher per (num_perm, seed) for the whole process: its arrays are read-only,
+    so every user's index shares them instead of deriving its own."""
+    return MinHasher(num_perm, seed)
+
+
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -317,6 +331,8 @@ class _RowStore:
         self._m = np.zeros((16, width), dtype=dtype)
         self._slot: dict[str, int] = {}
         self._free: list[int] = []
+        #: slot -> node id (None: free)
+        self.ids: list[str | None] = []
 
     def put(self, node_id: str, row: np.ndarray) -> None:
         slot = self._slot.get(node_id)
@@ -325,17 +341,26 @@ class _RowStore:
                 slot = self._free.pop()
             else:
                 slot = len(self._slot)
+                self.ids.append(None)
                 if slot >= self._m.shape[0]:
                     grown = np.zeros((self._m.shape[0] * 2, self._m.shape[1]), dtype=self._m.dtype)
                     grown[: self._m.shape[0]] = self._m
                     self._m = grown
             self._slot[node_id] = slot
+            self.ids[slot] = node_id
         self._m[slot] = row
 
     def drop(self, node_id: str) -> None:
         slot = self._slot.pop(node_id, None)
         if slot is not None:
             self._free.append(slot)
+            self.ids[slot] = None
+
+    def slot_of(self, node_id: str) -> int:
+        return self._slot[node_id]
+
+    def rows_at(self, slots: np.ndarray) -> np.ndarray:
+        return self._m[slots]
 
     def get(self, node_id: str) -> np.ndarray | None:
         slot = self._slot.get(node_id)
@@ -362,19 +387,42 @@ class _Hyperplanes:
         return tuple((m * self._weights).sum(axis=1).tolist())
 
 
+@functools.lru_cache(maxsize=16)
+def shared_hyperplanes(dim: int, tables: int, bits: int, seed: int) -> _Hyperplanes:
+    """One set of hyperplanes per (dim, tables, bits, seed) for the whole process (read-only)."""
+    return _Hyperplanes(dim, tables, bits, seed)
+
+
 class SimilarityIndex:
     """Per-user LSH index over live nodes: ``add`` / ``remove`` / ``candidates``.
 
-    Memory per node: ``text_bands`` bucket entries + a ``num_perm`` × uint32 signature row,
-    plus ``hyperplane_tables`` entries + a float32 unit vector when it has an embedding."""
+    Memory per node of a hashed user: ``text_bands`` bucket entries + a ``num_perm`` × uint32
+    signature row + its shingle numbers (int32 each, ~60 for a sentence; the per-user numbering
+    keeps every shingle string once and is not trimmed when nodes go: it is rebuilt with the
+    index), plus ``hyperplane_tables`` entries + a float32 unit vector when it has an
+    embedding. A user not hashed holds only a reference to each node's text and embedding."""
 
     def __init__(self, config: IndexConfig | None = None) -> None:
         self.config = config or IndexConfig()
         c = self.config
-        self._minhash = MinHasher(c.num_perm, c.seed)
-        self._text_tables: list[dict] = [dict() for _ in range(c.text_bands)]
+        self._minhash = shared_minhasher(c.num_perm, c.seed)
+        #: every indexed node: node_id -> (text, embedding) — what the hash tables are built from
+        self._nodes: dict[str, tuple[str, Sequence[float] | None]] = {}
+        #: the hash tables exist (built the first time a query finds more than
+        #: ``exact_scan_below`` nodes; kept in step from then on)
+        self._hashed = False
+        #: shingle sets of the nodes while the user is scanned exactly (at most
+        #: ``exact_scan_below`` entries; dropped when the user grows past that)
+        self._shingles: dict[str, tuple[str, frozenset[str]]] = {}
+        # the hash tables (created by ``_build``: a small user never needs them)
+        self._text_tables: list[dict] = []
         self._text_keys: dict[str, tuple[int, ...]] = {}
-        self._sigs = _RowStore(c.num_perm, np.uint32)
+        self._sigs: _RowStore | None = None
+        #: hashed users: each distinct shingle of the indexed texts numbered (per user, so no
+        #: collision is possible), and per node the sorted numbers of its shingle set — exact
+        #: Jaccard of many nodes at once (:meth:`jaccard_many`)
+        self._vocab: dict[str, int] = {}
+        self._shingle_ids: dict[str, np.ndarray] = {}
         # node_id -> (dim, codes)
         self._emb: dict[str, tuple[int, tuple[int, ...]]] = {}
         self._emb_tables: dict[int, list[dict]] = {}
@@ -400,13 +448,13 @@ class SimilarityIndex:
         hp = self._planes.get(dim)
         if hp is None:
             c = self.config
-            hp = self._planes[dim] = _Hyperplanes(dim, c.hyperplane_tables, c.hyperplane_bits, c.seed)
+            hp = self._planes[dim] = shared_hyperplanes(dim, c.hyperplane_tables, c.hyperplane_bits, c.seed)
             self._emb_tables[dim] = [dict() for _ in range(c.hyperplane_tables)]
             self._emb_rows[dim] = _RowStore(dim, np.float32)
         return hp
 
-    def _signature(self, text: str) -> np.ndarray:
-        return self._minhash.signature(text_shingles(text)).astype(np.uint32)
+    def _signature(self, text: str, shingles: frozenset[str] | None = None) -> np.ndarray:
+        return self._minhash.signature(text_shingles(text) if shingles is None else shingles).astype(np.uint32)
 
     def _keys(self, sig: np.ndarray) -> tuple[int, ...]:
         c = self.config
@@ -415,14 +463,29 @@ class SimilarityIndex:
     # -- mutation ----------------------------------------------------------------------
     def add(self, node_id: str, text: str, embedding: Sequence[float] | None = None) -> None:
         """Index a live node (re-adding replaces its previous entry)."""
-        if node_id in self._text_keys:
+        if node_id in self._nodes:
             self.remove(node_id)
-        sig = self._signature(text)
+        self._nodes[node_id] = (text, embedding)
+        if self._hashed:
+            self._hash_node(node_id, text, embedding)
+        if self._shingles and len(self._nodes) > self.config.exact_scan_below:
+            self._shingles.clear()  # no longer scanned exactly: the cache would only grow
+
+    def _hash_node(self, node_id: str, text: str, embedding: Sequence[float] | None) -> None:
+        shingles = text_shingles(text)
+        sig = self._signature(text, shingles)
+        vocab = self._vocab
+        self._shingle_ids[node_id] = np.unique(
+            np.fromiter((vocab.setdefault(x, len(vocab)) for x in shingles), dtype=np.int32, count=len(shingles))
+        )
         keys = self._keys(sig)
+        sigs = self._sigs
+        assert sigs is not None
+        sigs.put(node_id, sig)
+        slot = sigs.slot_of(node_id)  # the text buckets hold signature slots (ints)
         for table, key in zip(self._text_tables, keys):
-            _bucket_add(table, key, node_id)
+            _bucket_add(table, key, slot)
         self._text_keys[node_id] = keys
-        self._sigs.put(node_id, sig)
         if usable_embedding(embedding):
             unit = unit_vector(embedding)  # type: ignore[arg-type]
             dim = unit.shape[0]
@@ -432,14 +495,30 @@ class SimilarityIndex:
             self._emb[node_id] = (dim, codes)
             self._emb_rows[dim].put(node_id, unit.astype(np.float32))
 
+    def _build(self) -> None:
+        """Hash every node (in node_id order, so the layout does not depend on history)."""
+        self._hashed = True
+        self._text_tables = [dict() for _ in range(self.config.text_bands)]
+        self._sigs = _RowStore(self.config.num_perm, np.uint32)
+        for node_id in sorted(self._nodes):
+            text, embedding = self._nodes[node_id]
+            self._hash_node(node_id, text, embedding)
+
     def remove(self, node_id: str) -> None:
         """Forget a node (no-op when it is not indexed)."""
+        if self._nodes.pop(node_id, None) is None:
+            return
+        self._shingles.pop(node_id, None)
         keys = self._text_keys.pop(node_id, None)
         if keys is None:
             return
+        sigs = self._sigs
+        assert sigs is not None
+        slot = sigs.slot_of(node_id)
         for table, key in zip(self._text_tables, keys):
-            _bucket_remove(table, key, node_id)
-        self._sigs.drop(node_id)
+            _bucket_remove(table, key, slot)
+        sigs.drop(node_id)
+        self._shingle_ids.pop(node_id, None)
         emb = self._emb.pop(node_id, None)
         if emb is not None:
             dim, codes = emb
@@ -449,28 +528,74 @@ class SimilarityIndex:
 
     # -- queries -----------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._text_keys)
+        return len(self._nodes)
 
     def __contains__(self, node_id: object) -> bool:
-        return node_id in self._text_keys
+        return node_id in self._nodes
 
     def node_ids(self) -> set[str]:
-        return set(self._text_keys)
+        return set(self._nodes)
+
+    @property
+    def hashed(self) -> bool:
+        """Whether the hash tables are built (a user that has had more than
+        ``exact_scan_below`` nodes when queried)."""
+        return self._hashed
 
     def embedding_dim_of(self, node_id: str) -> int | None:
-        e = self._emb.get(node_id)
-        return None if e is None else e[0]
+        entry = self._nodes.get(node_id)
+        if entry is None or not usable_embedding(entry[1]):
+            return None
+        return len(entry[1])  # type: ignore[arg-type]
 
-    def candidates(self, text: str, embedding: Sequence[float] | None = None) -> set[str]:
+    def shingles_of(self, node_id: str, text: str) -> frozenset[str]:
+        """``text_shingles(text)`` of a node, kept while the user is scanned exactly (every
+        candidate then scores every node: the shingles of a node are computed once)."""
+        hit = self._shingles.get(node_id)
+        if hit is not None and hit[0] == text:
+            return hit[1]
+        sh = text_shingles(text)
+        if len(self._nodes) <= self.config.exact_scan_below and node_id in self._nodes:
+            self._shingles[node_id] = (text, sh)
+        return sh
+
+    def jaccard_many(self, shingles: frozenset[str], node_ids: Sequence[str]) -> dict[str, float]:
+        """``jaccard(shingles, text_shingles(text of node))`` for each hashed node of
+        ``node_ids`` — the same floats, bit for bit (integer counts, one division), computed
+        on the numbered shingle sets in one vectorized pass instead of one set per node.
+        Nodes not hashed are left out (the caller scores them itself)."""
+        ids = [i for i in node_ids if i in self._shingle_ids]
+        if not ids:
+            return {}
+        vocab = self._vocab
+        q = np.fromiter((n for n in map(vocab.get, shingles) if n is not None), dtype=np.int32)
+        arrays = [self._shingle_ids[i] for i in ids]
+        sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+        hit = np.isin(np.concatenate(arrays), q)
+        ends = np.cumsum(sizes)
+        cum = np.concatenate(([0], np.cumsum(hit, dtype=np.int64)))
+        inter = (cum[ends] - cum[ends - sizes]).tolist()
+        lq = len(shingles)
+        out = {}
+        for nid, la, n in zip(ids, sizes.tolist(), inter):
+            out[nid] = 0.0 if la == 0 and lq == 0 else n / (la + lq - n)
+        return out
+
+    def candidates(
+        self, text: str, embedding: Sequence[float] | None = None, shingles: frozenset[str] | None = None
+    ) -> set[str]:
         """The live nodes worth scoring exactly against (text, embedding): a small set.
 
         Nodes that will be scored by cosine (they and the query have embeddings of the same
         dimension) come from the hyperplane tables; every other node from the MinHash bands.
-        Bucket hits are verified on the stored signatures / vectors (see IndexConfig)."""
+        Bucket hits are verified on the stored signatures / vectors (see IndexConfig).
+        ``shingles``: ``text_shingles(text)`` when the caller has it already."""
         c = self.config
-        if len(self._text_keys) <= c.exact_scan_below:
-            self.last_raw_candidates = len(self._text_keys)
-            return set(self._text_keys)
+        if len(self._nodes) <= c.exact_scan_below:
+            self.last_raw_candidates = len(self._nodes)
+            return set(self._nodes)
+        if not self._hashed:
+            self._build()
         out: set[str] = set()
         raw = 0
         dim = None
@@ -491,19 +616,24 @@ class SimilarityIndex:
                     est = self._emb_rows[dim].rows(ids) @ unit.astype(np.float32)
                     hits = {i for i, e in zip(ids, est.tolist()) if e >= c.embedding_verify_floor}
                 out |= hits
-        sig = self._signature(text)
+        sig = self._signature(text, shingles)
         emb = self._emb
-        text_hits: set[str] = set()
+        sigs = self._sigs
+        assert sigs is not None
+        slots: set[int] = set()
         for table, key in zip(self._text_tables, self._keys(sig)):
-            text_hits.update(_bucket_iter(table, key))
-        if dim is not None and text_hits:
+            slots.update(_bucket_iter(table, key))
+        slot_ids = sigs.ids
+        if dim is not None and slots:
             # scored by cosine: their recall comes from the hyperplanes
-            text_hits = {i for i in text_hits if (e := emb.get(i)) is None or e[0] != dim}
-        raw += len(text_hits)
-        if text_hits and c.text_verify_floor is not None:
-            ids = list(text_hits)
-            est = (self._sigs.rows(ids) == sig[None, :]).mean(axis=1)
-            text_hits = {i for i, e in zip(ids, est.tolist()) if e >= c.text_verify_floor}
-        out |= text_hits
+            slots = {s for s in slots if (e := emb.get(slot_ids[s])) is None or e[0] != dim}  # type: ignore[arg-type]
+        raw += len(slots)
+        if slots and c.text_verify_floor is not None:
+            at = np.fromiter(slots, dtype=np.int64, count=len(slots))
+            est = (sigs.rows_at(at) == sig[None, :]).mean(axis=1)
+            at = at[est >= c.text_verify_floor]
+            out.update(slot_ids[s] for s in at.tolist())  # type: ignore[misc]
+        else:
+            out.update(slot_ids[s] for s in slots)  # type: ignore[misc]
         self.last_raw_candidates = raw
         return out
