@@ -205,6 +205,7 @@ class WorkerProbe:
     # ------------------------------------------------------------------ the thread
     def start(self, cluster_id: str) -> None:
         """First checks now (before the worker consumes anything), then a daemon thread."""
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per registry request
         self.watch_log(logging.getLogger())
         self.check_disk()
         self.load(cluster_id)
