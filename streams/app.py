@@ -19,7 +19,7 @@ import socket
 import time
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
 
 import faust
 from aiokafka.partitioner import murmur2
@@ -30,7 +30,10 @@ from .http import PartitionRouter, ServerLimits, api_view, install_server_limits
 from .metrics import Metrics
 from .rebalance import RebalanceSafeConsumer
 from .settings import Settings
-from .wire import CodecFactory, RegistryError, WireFormatError, decode_key
+from .wire import CodecFactory, RegistryError, WireFormatError, confluent_schema_id, decode_key
+
+if TYPE_CHECKING:
+    from .probe import WorkerProbe
 
 log = logging.getLogger("memstream")
 
@@ -115,6 +118,10 @@ class Runtime:
         #: (name, partitions, retention ms) of the internal topics: the worker creates them first
         self.internal_topics: list[tuple[str, int, int | None]] = []
         self.View = api_view(parse_tokens(settings.api_tokens))  # base class of every HTTP view
+        #: set by `memstream worker`: watches the registry ids, broker and disk (streams/probe.py)
+        self.probe: "WorkerProbe | None" = None
+        #: topic -> (since, why) of an agent waiting on one record (reported by /health)
+        self.stalls: dict[str, tuple[float, str]] = {}
 
     def input_channel(self, *names: str) -> faust.TopicT:
         """One channel over several co-partitioned input topics (raw bytes, decoded by `guard`)."""
@@ -192,9 +199,11 @@ class Runtime:
             async for event in stream.events():
                 if self.draining:
                     await self.hold_back([event])
-                with self.never_ack_unless_applied(f"{name}-tick-agent", [event]), self.in_flight():
-                    async with lock:  # the sweep's outputs first, then its table writes
-                        await effects.run_batch([event], handle, cache)
+                with self.never_ack_unless_applied(f"{name}-tick-agent", [event]):
+                    await self.consistent_ids()  # a sweep writes records framed with registry ids too
+                    with self.in_flight():
+                        async with lock:  # the sweep's outputs first, then its table writes
+                            await effects.run_batch([event], handle, cache)
 
         @self.app.timer(self.settings.timer_interval_s, name=f"{name}-timer")
         async def send_ticks():
@@ -282,9 +291,17 @@ class Runtime:
             async for events in stream.take_events(self.settings.batch_max, self.settings.batch_wait_ms / 1000):
                 if self.draining:
                     await self.hold_back(events)
-                with self.never_ack_unless_applied(name, events), self.in_flight():
-                    async with lock:
-                        await effects.run_batch(list(events), handle, cache)
+                with self.never_ack_unless_applied(name, events):
+                    await self.consistent_ids()
+                    with self.in_flight():
+                        async with lock:
+                            await effects.run_batch(list(events), handle, cache)
+
+    async def consistent_ids(self) -> None:
+        """Wait while the schema registry maps an id this worker used differently than before
+        (streams/probe.py): no batch is applied (nor committed) until it maps them as before."""
+        if self.probe is not None:
+            await self.probe.wait_consistent()
 
     @contextmanager
     def in_flight(self) -> Iterator[None]:
@@ -348,13 +365,42 @@ class Runtime:
             raise _NullValue(f"{topic} record has a null value; inputs never carry tombstones")
         decode = self.decoder(topic)
         delay = 0.5
-        while True:
-            try:
-                return decode(value)
-            except RegistryError as exc:  # not the record's fault: wait for the registry, keep the record
-                log.warning("schema registry unavailable (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+        waited = False
+        try:
+            while True:
+                try:
+                    record = decode(value)
+                except RegistryError as exc:  # not the record's fault: wait for the registry, keep the record
+                    self._stalled(topic, f"waiting for the schema registry to decode a {topic} record ({exc})")
+                    log.warning("schema registry unavailable (%s); retrying in %.1fs", exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 30.0)
+                    waited = True
+                    continue
+                except WireFormatError:
+                    if not await self._registry_changed(value):
+                        raise  # the record's fault: the caller dead-letters it
+                    self._stalled(topic, f"a {topic} record waits for the schema registry to map its ids as before")
+                    await self.probe.wait_consistent()
+                    continue
+                if waited and await self._registry_changed(None):  # reconnected: is it the same registry?
+                    await self.probe.wait_consistent()
+                    waited = False
+                    continue
+                return record
+        finally:
+            self.stalls.pop(topic, None)
+
+    def _stalled(self, topic: str, why: str) -> None:
+        self.stalls.setdefault(topic, (time.monotonic(), why))
+
+    async def _registry_changed(self, value: bytes | None) -> bool:
+        """Whether the registry maps an id this worker used differently now (then a record that did
+        not decode is not at fault, and nothing may be read until it maps them as before)."""
+        if self.probe is None:
+            return False
+        schema_id = confluent_schema_id(value) if value is not None else 0
+        return await asyncio.get_running_loop().run_in_executor(None, self.probe.explains, schema_id)
 
 
 class _DrainingApp(faust.App):

@@ -98,6 +98,33 @@ SHIPPER_POSITIONS = "shipper.positions.v1"
 SECURITY_AUDIT = "security.audit.v1"
 
 
+@dataclass(frozen=True)
+class StorageTopic:
+    """A topic the Schema Registry keeps its own storage in (Apicurio's KafkaSQL storage): not
+    memstream records, so no schema and no key; created by `memstream dev up` before the registry
+    starts, with the configuration Apicurio verifies at start-up (it refuses a compacted journal
+    and any retention: the journal is the registry's whole history, every schema id included)."""
+
+    name: str
+    apicurio_property: str  # the Apicurio setting that names this topic
+    description: str
+
+    def config(self) -> dict[str, str]:
+        return {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
+
+
+#: The registry's storage (Apicurio 3 KafkaSQL): one partition each (a total order: schema ids
+#: are handed out in journal order), never compacted, never expired.
+REGISTRY_TOPICS: tuple[StorageTopic, ...] = (
+    StorageTopic("_registry.journal", "apicurio.kafkasql.topic",
+                 "Every change the Schema Registry made (subjects, schemas, ids): its durable storage."),
+    StorageTopic("_registry.snapshots", "apicurio.kafkasql.snapshots.topic",
+                 "Snapshots of the registry journal (none unless an operator takes one)."),
+    StorageTopic("_registry.events", "apicurio.events.kafka.topic",
+                 "The registry's change events (unused by memstream)."),
+)
+
+
 def topics() -> Iterator[TopicSpec]:
     return iter(_TOPICS)
 
@@ -122,4 +149,6 @@ def markdown_table(settings: Settings | None = None) -> str:
             f"| `{t.name}` | {t.direction} | `{t.key}` | `schemas/{t.value_schema}.avsc` | "
             f"{t.cleanup_policy} | {t.partitions(settings)} | {retention} |"
         )
+    for t in REGISTRY_TOPICS:
+        rows.append(f"| `{t.name}` | registry | – | (Apicurio KafkaSQL storage) | delete | 1 | never expires |")
     return "\n".join(rows)

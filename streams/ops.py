@@ -268,6 +268,7 @@ def read_dlq(settings: Settings, keep_value: Callable[[DeadLetter], bool] = lamb
                 ends[p] = high
                 assign.append(TopicPartition(catalog.DLQ, p, low))
         codec = CodecFactory.from_url(settings.registry_url).codec(catalog.topic(catalog.DLQ).value_schema)
+        decode = _DeadLetterDecoder(codec)
         letters: list[DeadLetter] = []
         bad: list[tuple[int, int, str]] = []
         if assign:
@@ -296,7 +297,7 @@ def read_dlq(settings: Settings, keep_value: Callable[[DeadLetter], bool] = lamb
                 if off >= ends[p]:
                     continue
                 try:
-                    d = DeadLetter.from_record(p, off, codec.decode(msg.value()))
+                    d = DeadLetter.from_record(p, off, decode(msg.value()))
                     letters.append(d if keep_value(d) else d.without_value())
                 except RegistryError as exc:
                     raise OpsError(f"cannot decode {catalog.DLQ}: schema registry at {settings.registry_url}: {exc}") from None
@@ -305,6 +306,35 @@ def read_dlq(settings: Settings, keep_value: Callable[[DeadLetter], bool] = lamb
         return DlqRead(letters, bad, set(md.topics))
     finally:
         c.close()
+
+
+class _DeadLetterDecoder:
+    """Dead letters read with the registry when it knows their id; else (the registry is down,
+    lost the id, or maps it to a schema that is not a DeadLetter) with the DeadLetter schemas this
+    package ships (current, then released: the first that reads the whole body). Once the
+    registry is found down it is not asked again during this read."""
+
+    def __init__(self, codec: Any) -> None:
+        self.codec = codec
+        self.registry_down: str | None = None
+
+    def __call__(self, value: bytes) -> dict:
+        from .wire import RegistryError, WireFormatError, confluent_schema_id, decode_with_shipped_schemas
+
+        if self.registry_down is None or confluent_schema_id(value) is None:
+            try:
+                return self.codec.decode(value)
+            except RegistryError as exc:
+                self.registry_down = str(exc)
+                first: Exception = exc
+            except WireFormatError as exc:
+                first = exc
+        else:
+            first = RegistryError(self.registry_down)
+        try:
+            return decode_with_shipped_schemas(self.codec, value)[0]
+        except WireFormatError:
+            raise first from None
 
 
 def inspect(settings: Settings, *, narrow: Filter, limit: int | None, as_json: bool,

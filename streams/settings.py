@@ -51,6 +51,11 @@ class Settings:
     dlq_max_copy_bytes: int = field(default=512 * 1024, metadata={"doc": "A dead letter copies the original key and value only up to this many bytes together; a larger original is referenced (topic, partition, offset, size, SHA-256), so a dead letter always fits the broker's message limit."})
     dlq_max_reason_chars: int = field(default=2000, metadata={"doc": "Longest reason a dead letter (and its `__connect.errors.exception.message` header) carries; longer ones are cut, saying how much was left out."})
     state_batch_max_bytes: int = field(default=256 * 1024, metadata={"doc": "Most bytes of one user's rows a batch stages before it is made durable early (bounds the redo log in the user's memory-state row by this plus one record's rows, whatever the backlog)."})
+    health_check_interval_s: float = field(default=10.0, metadata={"doc": "Seconds between a worker's checks of what it depends on: the schema registry (reachable, every schema id it used still naming the same schema), the broker (reachable) and its data disk (README, Health)."})
+    min_free_disk_bytes: int = field(default=32 * 1024 * 1024, metadata={"doc": "A worker whose data dir has less free space than this stops at once with exit status 74, naming the directory (as it does on any \"No space left on device\")."})
+    shutdown_timeout_s: float = field(default=60.0, metadata={"doc": "A worker still stopping this many seconds after SIGTERM/SIGINT ends at once (exit status 75); nothing unapplied is committed."})
+    recovery_stall_s: float = field(default=120.0, metadata={"doc": "/health reports `recovery_stuck` when table recovery has made no progress for this many seconds."})
+    max_known_schema_ids: int = field(default=10000, metadata={"doc": "Most schema ids a worker remembers (with the schema each named) in `<data dir>/schema-ids.json`, to notice a registry that hands them out again."})
     batch_wait_ms: int = field(default=20, metadata={"doc": "Longest a stateful agent waits to fill a batch (adds up to this much latency at low rates)."})
     # --- pipeline rules ------------------------------------------------------------------
     text_merge_threshold: float = field(default=0.85, metadata={"doc": "Text similarity (n-gram Jaccard) at or above which a candidate merges into a node."})

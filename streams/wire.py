@@ -50,6 +50,7 @@ SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 _CONFLUENT_HEADER = 5  # magic + 4-byte id
 _SINGLE_OBJECT_HEADER = 10  # 2-byte magic + 8-byte fingerprint
 _REFUSED_IDS_KEPT = 1024  # bound on the cache of ids that named no usable schema
+REGISTRY_TIMEOUT_S = 30  # one request to the Schema Registry
 
 
 class WireFormat(enum.Enum):
@@ -159,7 +160,8 @@ class CodecFactory:
     @classmethod
     def from_url(cls, registry_url: str, schema_set: SchemaSet | None = None) -> "CodecFactory":
         """A factory for a registry URL (``mock://...`` gives an in-process mock); empty = no registry."""
-        registry = SchemaRegistryClient.new_client({"url": registry_url}) if registry_url else None
+        # a bounded timeout: the client's default waits forever on a registry that hangs
+        registry = SchemaRegistryClient.new_client({"url": registry_url, "timeout": REGISTRY_TIMEOUT_S}) if registry_url else None
         return cls(registry, schema_set)
 
     @property
@@ -263,6 +265,54 @@ class CodecFactory:
             raise IncompatibleSchemaError(f"schema id {schema_id} is a {_shortened(str(kind), 40)} schema, not a record")
         # A known schema keeps its memstream identity (and the reader's no-resolution fast path).
         return self.schema_set.by_fingerprint.get(version.fingerprint, version)
+
+    # --------------------------------------------- what the registry says now (issue 18: ids kept honest)
+    def known_ids(self) -> dict[int, SchemaVersion]:
+        """Every schema id this process has used (registered or read), with its schema."""
+        return dict(self._writers_by_id)
+
+    def registry_now(self, schema_ids: Iterable[int]) -> dict[int, SchemaVersion | None]:
+        """What the registry maps each id to right now (its cache bypassed), None for an id it does
+        not have (or that names no usable Avro record). Raises ``RegistryError`` when unreachable."""
+        if self.registry is None:
+            return {}
+        self.registry.clear_caches()
+        out: dict[int, SchemaVersion | None] = {}
+        for schema_id in schema_ids:
+            try:
+                out[schema_id] = self._fetch(schema_id)
+            except WireFormatError:
+                out[schema_id] = None
+        return out
+
+    def forget_id(self, schema_id: int) -> None:
+        """Drop what this process cached of an id (the registry may map it differently now)."""
+        self._writers_by_id.pop(schema_id, None)
+        self._refused_ids.pop(schema_id, None)
+
+
+def confluent_schema_id(data: bytes | None) -> int | None:
+    """The schema id of a Confluent-framed value, None for any other value."""
+    if data and len(data) >= _CONFLUENT_HEADER and data[0] == 0x00:
+        return int.from_bytes(data[1:_CONFLUENT_HEADER], "big")
+    return None
+
+
+def decode_with_shipped_schemas(codec: "ValueCodec", data: bytes) -> tuple[dict[str, Any], SchemaVersion]:
+    """A Confluent-framed value read without the registry: its body is tried with each version of
+    the codec's schema this package ships (current first, then released ones), and the first that
+    reads the whole body cleanly wins. For a topic that carries one record type (the DLQ), when
+    the registry lost the id or maps it to another schema. Raises the first version's error."""
+    if confluent_schema_id(data) is None:
+        raise UnknownMagicByteError("not a Confluent-framed value: nothing to read with the shipped schemas")
+    first: WireFormatError | None = None
+    for version in codec.factory.schema_set.versions(codec.stem):
+        try:
+            return codec._read_body(data, _CONFLUENT_HEADER, version), version
+        except WireFormatError as exc:
+            first = first or exc
+    assert first is not None  # every stem has at least its current version
+    raise first
 
 
 # ------------------------------------------------------------------------------------------ the codec

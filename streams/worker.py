@@ -42,12 +42,39 @@ def run(settings: Settings) -> int:
     if running.exists():
         discard_local_tables(Path(app.conf.tabledir))
     running.touch()
-    worker = Worker(app, loglevel=settings.log_level, quiet=True)
+    from .probe import WorkerProbe, arm_shutdown_deadline
+
+    # until Faust sets up its logging: the probe's first checks must be heard (Faust replaces this)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s")
+    rt.probe = WorkerProbe(settings, rt.codecs)
+    rt.probe.start(cluster_id(settings))  # disk and registry ids checked before anything is consumed
+
+    class _Worker(Worker):
+        def _schedule_shutdown(self, signal) -> None:  # SIGTERM / SIGINT: bounded, whatever the state
+            if not self._signal_stop_time:
+                arm_shutdown_deadline(settings.shutdown_timeout_s)
+            super()._schedule_shutdown(signal)
+
+        def on_setup_root_logger(self, logger, level) -> None:  # Faust replaced the root handlers
+            super().on_setup_root_logger(logger, level)
+            rt.probe.watch_log(logger)
+
+    worker = _Worker(app, loglevel=settings.log_level, quiet=True)
     try:
         worker.execute_from_commandline()  # exits the process when the worker stops
     finally:
         running.unlink(missing_ok=True)
     return 0
+
+
+def cluster_id(settings: Settings) -> str:
+    """The Kafka cluster's id (the registry keeps its storage in the same cluster)."""
+    from .topics import admin_client
+
+    try:
+        return admin_client(settings).list_topics(timeout=15).cluster_id or ""
+    except Exception as exc:  # noqa: BLE001
+        raise TopicError(f"cannot reach Kafka at {settings.broker} ({exc})") from None
 
 
 def discard_local_tables(tabledir: Path) -> None:

@@ -24,7 +24,7 @@ from .kafka_util import free_port
 README = Path(__file__).resolve().parents[1] / "README.md"
 #: served without a token, as the README says: no ids, no content (checked on a real worker in
 #: tests/test_access_kafka.py)
-OPEN_ROUTES = {"/health", "/metrics", "/dashboard"}
+OPEN_ROUTES = {"/health", "/health/ready", "/health/live", "/metrics", "/dashboard"}
 
 
 # ----------------------------------------------------------------------------- token format

@@ -39,7 +39,7 @@ TOKENS = ("hi:secret:admin+negotiator+ops:name=high,lo:none:name=low,ns:secret:n
 #: token kind -> bearer value (None = no Authorization header)
 KINDS = {"no_token": None, "wrong_token": "nope", "low_level": "lo", "high_level": "hi", "other_tenant": "ten",
          "missing_scope": "ns"}
-OPEN = {"/health", "/metrics", "/dashboard"}
+OPEN = {"/health", "/health/ready", "/health/live", "/metrics", "/dashboard"}
 SCOPED = {("PUT", "/v1/relay/{motebit_id}/threshold"), ("POST", "/v1/negotiator/{user_id}/remember"),
           ("POST", "/v1/negotiator/{user_id}/forget"), ("GET", "/v1/cluster/assignment")}
 #: routes that are one user's (a bound token may use them for its users)

@@ -49,3 +49,12 @@ def test_docker_compose_parses_names_services_and_only_real_settings():
         settings = Settings.from_env(env)  # every value parses into the settings object
         assert settings.broker == "kafka:9092"
     assert "ports" not in services["worker"], "a fixed host port would stop --scale worker=N"
+
+
+def test_docker_compose_registry_keeps_its_storage_in_the_catalogs_topics():
+    from streams import catalog
+
+    env = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["registry"]["environment"]
+    assert env["APICURIO_STORAGE_KIND"] == "kafkasql"
+    for t in catalog.REGISTRY_TOPICS:  # Quarkus maps apicurio.a.b to APICURIO_A_B
+        assert env[t.apicurio_property.upper().replace(".", "_")] == t.name

@@ -19,9 +19,15 @@ latency histogram (see streams/metrics.py), what Faust knows at scrape time:
   `memstream_recovery_standby_remaining_offsets`, `memstream_ready`, `memstream_rebalancing`,
   `memstream_assigned_partitions{kind=active|standby}`.
 
-`/health` answers 200 `{"status": "ready", ...}` once the worker is running, its first table
-recovery has completed and it is neither recovering nor rebalancing; otherwise 503
-`{"status": "starting"|"recovering"|"rebalancing"|"stopping", "reason": ...}`.
+`/health` (also `/health/ready`: readiness) answers 200 `{"status": "ready", ...}` once the worker
+is running, its first table recovery has completed and it is neither recovering nor rebalancing;
+otherwise 503 `{"status": "starting"|"recovering"|"rebalancing"|"stopping"|"blocked", "reason": ...}`.
+`problems` lists what is wrong (streams/probe.py REASONS), each with a detail and whether it
+blocks: `registry_mismatch`, `broker_unreachable`, `recovery_stuck`, `agent_stalled` (and
+`disk_full`, though the worker exits on it) make a ready worker `blocked` (503);
+`registry_unreachable` alone leaves it ready (known schemas need no registry) and is named in the
+reason. `memstream_health_problem{reason}` carries the same. `/health/live` answers 200 while the
+process and its event loop answer (liveness).
 """
 
 from __future__ import annotations
@@ -76,10 +82,58 @@ class Health:
     sources: list[str] = field(default_factory=list)  # owned stream-source partitions, `topic[p]`
     active_partitions: int = 0  # every active partition (sources, changelogs, internal topics)
     standby_partitions: int = 0  # standby changelog partitions (table replicas)
+    #: what is wrong, each {"reason": one of streams.probe.REASONS, "detail": ..., "blocking": bool}
+    problems: list[dict] = field(default_factory=list)
 
     @property
     def ready(self) -> bool:
         return self.status == "ready"
+
+
+#: problems that stop a worker from doing its work (503); the others leave it ready but degraded
+BLOCKING = frozenset({"registry_mismatch", "broker_unreachable", "disk_full", "recovery_stuck", "agent_stalled"})
+
+
+def problem(reason: str, detail: str) -> dict:
+    return {"reason": reason, "detail": detail, "blocking": reason in BLOCKING}
+
+
+def judge(status: str, reason: str, problems: list[dict]) -> tuple[str, str]:
+    """The /health status and reason, given the lifecycle state and what is wrong: a blocking
+    problem turns a ready worker `blocked` and names itself; any problem is named in the reason."""
+    blocking = [p for p in problems if p["blocking"]]
+    if status == "ready" and blocking:
+        status = "blocked"
+    if problems:
+        reason = "; ".join(f"{p['reason']}: {p['detail']}" for p in (blocking or problems)) + (
+            f" ({reason})" if status != "blocked" else "")
+    return status, reason
+
+
+def _problems(rt: "Runtime", in_recovery: bool, remaining: int) -> list[dict]:
+    out: list[dict] = []
+    probe = getattr(rt, "probe", None)
+    if probe is not None:
+        if probe.mismatched:
+            out.append(problem("registry_mismatch", "; ".join(map(str, probe.mismatched[:3])) +
+                               " - not consuming until the registry maps them as before"))
+        if probe.registry_error:
+            out.append(problem("registry_unreachable", probe.registry_error))
+        if probe.broker_error:
+            out.append(problem("broker_unreachable", probe.broker_error))
+    now = time.monotonic()
+    for topic, (since, why) in sorted(getattr(rt, "stalls", {}).items()):
+        out.append(problem("agent_stalled", f"{why}, for {now - since:.0f} s"))
+    stall_s = getattr(getattr(rt, "settings", None), "recovery_stall_s", 120.0)
+    last = getattr(rt, "recovery_progress", None)
+    if not in_recovery:
+        rt.recovery_progress = None
+    elif last is None or last[0] != remaining:
+        rt.recovery_progress = (remaining, now)
+    elif now - last[1] >= stall_s:
+        out.append(problem("recovery_stuck", f"table recovery made no progress for {now - last[1]:.0f} s "
+                                             f"({remaining} offsets left)"))
+    return out
 
 
 def _tp_names(tps) -> list[str]:
@@ -118,11 +172,13 @@ def health(rt: "Runtime") -> Health:
     else:
         status, reason = "ready", (f"{len(sources)} source partitions, {len(actives) - len(sources)} active and "
                                    f"{len(standbys)} standby table/internal partitions; tables recovered")
+    problems = _problems(rt, in_recovery, active_remaining)
+    status, reason = judge(status, reason, problems)
     return Health(status=status, reason=reason, worker=rt.worker_name, url=str(app.conf.canonical_url),
                   recovery_in_progress=in_recovery, recovery_completed=completed,
                   active_remaining=active_remaining, standby_remaining=standby_remaining,
                   rebalancing=rebalancing, sources=_tp_names(sources), active_partitions=len(actives),
-                  standby_partitions=len(standbys))
+                  standby_partitions=len(standbys), problems=problems)
 
 
 async def consumer_lag(rt: "Runtime") -> list[PartitionLag]:
@@ -208,10 +264,21 @@ def worker_families(h: Health, lags: list[PartitionLag], table_sizes: dict[str, 
                "Changelog offsets standby table partitions are behind.").add({}, h.standby_remaining),
         Family(metric_name("rebalancing"), "gauge", "1 while the consumer group is rebalancing.").add({}, h.rebalancing),
         Family(metric_name("ready"), "gauge", "1 when /health answers ready.").add({}, h.ready),
+        _problem_gauge(h),
         Family(metric_name("assigned_partitions"), "gauge", "Partitions assigned to this worker (all topics, "
                "changelogs included), by kind.").add({"kind": "active"}, h.active_partitions).add(
                    {"kind": "standby"}, h.standby_partitions),
     ]
+
+
+def _problem_gauge(h: Health) -> Family:
+    from ..probe import REASONS
+
+    fam = Family(metric_name("health_problem"), "gauge", "1 while /health names this problem (reason), else 0.")
+    named = {p["reason"] for p in h.problems}
+    for reason in REASONS:
+        fam.add({"reason": reason}, reason in named)
+    return fam
 
 
 def register(rt: "Runtime") -> None:
@@ -237,7 +304,16 @@ def register(rt: "Runtime") -> None:
 
     @app.page("/health")
     class HealthView(View):  # no auth: for load balancers, orchestrators and `memstream status`
-        async def get(self, request: Request) -> Response:
+        async def get(self, request: Request) -> Response:  # readiness (kept at /health for compatibility)
             h = health(rt)
             body = {**asdict(h), "ready": h.ready}
             return self.json(body, status=200 if h.ready else 503)
+
+    @app.page("/health/ready")
+    class ReadyView(HealthView):  # the same answer under its explicit name
+        pass
+
+    @app.page("/health/live")
+    class LiveView(View):  # liveness: the process and its event loop answer (restart it when they do not)
+        async def get(self, request: Request) -> Response:
+            return self.json({"status": "alive", "worker": rt.worker_name})
