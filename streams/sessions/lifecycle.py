@@ -18,7 +18,9 @@ fields; ``internal`` holds the bookkeeping the record schema has no field for:
 - ``claim`` (dict | None): the armed shadow-price claim
   ``{"seq", "type", "compactionId", "shadowedSeqs", "shadowedTokenCount"}``;
 - ``openStartTs`` (int | None): ``ts`` of the open compaction's ``compaction/start``;
-- ``enclosureFlagged`` (bool): ``turn.enclosure`` already reported for the open compaction;
+- ``enclosureFlagged`` (bool): a turn boundary already crossed the open compaction;
+- ``pendingCrossing`` (``[rule, message]`` | None): that crossing, reported when the compaction
+  closes (dropped when a ``session/end-seed`` releases it as an orphan);
 - ``droppedCompactions`` (int): closed compactions trimmed from ``record.compactions`` (the
   record keeps the newest ``MAX_COMPACTIONS``; totals stay cumulative).
 
@@ -38,8 +40,16 @@ Checks: a numbered start must name the open turn (``turn.not_open``); a ``null``
 is open is ``turn.null_inside_turn`` — enforced only once the session has logged an explicit
 ``turn/start``/``turn/end`` (without boundaries we cannot know that a turn is over, so we do not
 guess); the owning turn ending, or a different turn starting, while its compaction still holds the
-lock is ``turn.enclosure``; the end's owner (``turn``, ``sourceCommandId``) must equal the start's
-(``lock.owner_mismatch``).
+lock is ``turn.enclosure``; an explicit ``turn/start``/``turn/end`` inside a standalone bracket is
+``turn.crosses_standalone``. Both crossings are reported when the bracket closes (end, or
+abandonment by a second start), not at the boundary: a later ``session/end-seed`` may show the
+bracket to be an inherited orphan whose boundaries were crash repair (not reported). The end's
+owner (``turn``, ``sourceCommandId``) must equal the start's (``lock.owner_mismatch``), the
+summary's ``sourceCommandId`` the start's (``summary.owner_mismatch``); an empty ``compactionId``
+or ``sourceCommandId`` is ``event.empty_id`` (not applied).
+
+``session/end-seed`` (written after the history a resumed or forked session inherited) releases a
+compaction still open: closed ``failed`` with error ``orphaned: …`` (not counted in ``errorCount``).
 
 Lock model
 ----------
@@ -57,7 +67,9 @@ Shadow-price meter
 claim, tokensAdded += ``price_message(role, content)``, tokensSaved += the difference (may be
 negative). Any other event in between — including an ignorable one — expires the claim
 (``shadow.not_adjacent``); a replace of a different range is ``shadow.range_mismatch``; a replace
-with nothing armed is ``shadow.unclaimed_replace``. Seq gaps are not checked: "immediately follows"
+with nothing armed is ``shadow.unclaimed_replace``; the error ``compaction/end`` of the summary's
+own compaction lets the claim lapse silently (the compaction failed: no replacement is owed).
+Seq gaps are not checked: "immediately follows"
 means "is the next event the consumer sees". A claim whose token count is invalid settles without
 touching the totals (its ``meter.bad_token_count`` was already reported).
 

@@ -23,6 +23,21 @@ def compaction(state, cid):
     return next(c for c in state["record"]["compactions"] if c["compactionId"] == cid)
 
 
+def turn_one():
+    """A log with turn 1 open and three messages in it."""
+    log = Log()
+    log.turn_start(1)
+    return log, log.conversation(3, turn=1)
+
+
+def summarized(count=100):
+    """Turn 1 with three messages, compaction c1 started and its summary armed."""
+    log, seqs = turn_one()
+    log.start("c1", turn=1)
+    log.summary("c1", seqs, count=count)
+    return log, seqs
+
+
 # ----------------------------------------------------------------------------------------------
 # session/end-seed releases an inherited orphan
 
@@ -43,15 +58,10 @@ def test_end_seed_releases_a_standalone_orphan_and_a_new_start_is_valid():
 
 
 def test_after_end_seed_the_stale_id_can_be_neither_summarized_nor_ended():
-    log = Log()
-    log.turn_start(1)
-    seqs = log.conversation(3, turn=1)
+    log, seqs = turn_one()
     log.start("stale", turn=1)
     end_seed(log)
-    log.start("fresh", turn=1)  # same turn: valid
-    log.summary("fresh", seqs)
-    log.replace(seqs, turn=1)
-    log.end("fresh", turn=1)
+    full_compaction(log, "fresh", seqs, turn=1)  # a new start in the same turn: valid
     log.summary("stale", seqs)
     log.replace(seqs, turn=1)
     log.end("stale", turn=1)
@@ -192,9 +202,7 @@ def test_standalone_bracket_is_not_crossed_by_surface_appends():
 def test_empty_compaction_and_command_ids_are_refused(where):
     # INVARIANT_SPEC: "rejects empty start id", "rejects empty start source command id",
     # "rejects empty end source command id" (validateId: a non-empty string when present)
-    log = Log()
-    log.turn_start(1)
-    seqs = log.conversation(3, turn=1)
+    log, seqs = turn_one()
     start_cid = "" if where == "start id" else "c1"
     start_cmd = "" if where == "start command" else "cmd-1"
     log.start(start_cid, turn=1, cmd=start_cmd)
@@ -216,9 +224,7 @@ def test_empty_compaction_and_command_ids_are_refused(where):
 def test_summary_command_must_match_its_start(start_cmd, summary_cmd):
     # INVARIANT_SPEC: "rejects summary for another source command" (validateSourceCommandId:
     # a differing or omitted sourceCommandId does not match the start's)
-    log = Log()
-    log.turn_start(1)
-    seqs = log.conversation(3, turn=1)
+    log, seqs = turn_one()
     log.start("c1", turn=1, cmd=start_cmd)
     log.summary("c1", seqs, cmd=summary_cmd)
     log.replace(seqs, turn=1)
@@ -229,9 +235,7 @@ def test_summary_command_must_match_its_start(start_cmd, summary_cmd):
 
 
 def test_matching_summary_command_is_fine():
-    log = Log()
-    log.turn_start(1)
-    seqs = log.conversation(3, turn=1)
+    log, seqs = turn_one()
     full_compaction(log, "c1", seqs, turn=1, cmd="cmd-1")
     _, vs = log.run()
     assert vs == []
@@ -245,11 +249,7 @@ def test_error_end_after_summary_needs_no_replacement():
     # deepseek-harness packages/compaction/compaction-basic/src/region.ts: the checkpoint append
     # after the summary fails -> compaction/end with error, no checkpoint
     # (tests/manual-compaction.spec.ts "classifies a commit-body failure and still releases admission")
-    log = Log()
-    log.turn_start(1)
-    seqs = log.conversation(3, turn=1)
-    log.start("c1", turn=1)
-    log.summary("c1", seqs, count=100)
+    log, _ = summarized()
     log.end("c1", turn=1, error="checkpoint rejected")
     state, vs = log.run()
     assert vs == []
@@ -261,11 +261,7 @@ def test_error_end_after_summary_needs_no_replacement():
 
 def test_successful_end_after_summary_still_owes_the_replacement():
     # SPEC §4.8: the replacement must immediately follow its summary; only a failed compaction is excused
-    log = Log()
-    log.turn_start(1)
-    seqs = log.conversation(3, turn=1)
-    log.start("c1", turn=1)
-    log.summary("c1", seqs)
+    log, _ = summarized()
     log.end("c1", turn=1)
     _, vs = log.run()
     assert rules(vs) == ["shadow.not_adjacent"]
@@ -274,11 +270,7 @@ def test_successful_end_after_summary_still_owes_the_replacement():
 def test_end_seed_after_an_armed_summary_still_expires_the_claim():
     # SPEC §4.8 is explicit (any other event in between expires the claim): a writer that died
     # between its summary and its replacement left a claim nobody settles; reported, then released
-    log = Log()
-    log.turn_start(1)
-    seqs = log.conversation(3, turn=1)
-    log.start("c1", turn=1)
-    log.summary("c1", seqs)
+    log, _ = summarized()
     end_seed(log)
     state, vs = log.run()
     assert rules(vs) == ["shadow.not_adjacent"]
@@ -299,11 +291,7 @@ def test_empty_assistant_message_costs_nothing():
 
 
 def test_empty_assistant_replacement_adds_no_tokens():
-    log = Log()
-    log.turn_start(1)
-    seqs = log.conversation(3, turn=1)
-    log.start("c1", turn=1)
-    log.summary("c1", seqs, count=60)
+    log, seqs = summarized(count=60)
     log.ev("assistant/message", {"role": "assistant", "content": [], "surfaceOp": "replace",
                                  "sourceEventSeqs": list(seqs), "turn": 1})
     log.end("c1", turn=1)
