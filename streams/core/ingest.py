@@ -75,6 +75,7 @@ def is_redaction_sentinel(content: Any) -> bool:
     """``content`` is the redaction sentinel (surrounding whitespace ignored): never a memory."""
     return isinstance(content, str) and content.strip() == REDACTED_CONTENT
 
+
 CANDIDATE_FIELDS: tuple[str, ...] = (
     "candidate_id",
     "motebit_id",
@@ -307,7 +308,8 @@ def validate_candidate(raw: Any, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[
         if not isinstance(content, str) or not content.strip():
             raise Invalid("empty_content", "content is missing or empty")
         if is_redaction_sentinel(content):
-            raise Invalid("redacted_content", f"content is the redaction sentinel {REDACTED_CONTENT}: a placeholder never forms a node")
+            raise Invalid("redacted_content",
+                          f"content is the redaction sentinel {REDACTED_CONTENT}: a placeholder never forms a node")
         cand["content"] = check_bytes("content", content, limits, "max_content_bytes")
         cand["sensitivity"] = _sensitivity(raw)
         cand["source"] = normalize_source(raw.get("source"))

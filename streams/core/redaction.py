@@ -25,6 +25,14 @@ Rules, per ``event_type``:
     forwarded (node id only) **followed by** the deletion tombstone of the node, so a peer
     that materializes from ``memory_formed`` events also erases the node and records that it
     must never re-form it. The shell adds the node id to the user's deleted set.
+``memory_consolidated`` / ``memory_promoted``
+    forwarded with the free-text ``reason`` blanked (``""``): deciders may quote content in it.
+``memory_accessed`` / ``memory_pinned`` / ``memory_decayed``
+    forwarded (ids and flags only).
+``memory_audit``
+    never forwarded (local-only: it quotes the raw user turn).
+anything else (unknown ``event_type``)
+    dropped (fail closed).
 
 A deletion tombstone is the deleted row as the peer holds it with the deletion rewrite applied:
 content ``"[REDACTED]"``, ``redacted: True``, ``redacted_reason: "deleted"``, and the row's own
@@ -34,14 +42,6 @@ services/relay/src/deletion-propagation.ts). "The row" is this view of the node'
 ``memory_formed`` (so ``redacted_sensitivity`` is set when the relay had redacted it). For a
 ``memory_deleted`` the shell passes the deleted node's sensitivity (``deleted_rows``); when it is
 unknown the tombstone says ``secret`` / null (fail closed: a ``memory_formed`` must carry one).
-``memory_consolidated`` / ``memory_promoted``
-    forwarded with the free-text ``reason`` blanked (``""``): deciders may quote content in it.
-``memory_accessed`` / ``memory_pinned`` / ``memory_decayed``
-    forwarded (ids and flags only).
-``memory_audit``
-    never forwarded (local-only: it quotes the raw user turn).
-anything else (unknown ``event_type``)
-    dropped (fail closed).
 
 Every forwarded payload is rebuilt with exactly its schema record's fields, so an extra key
 smuggled into a payload dict never reaches the relay. Inputs are never mutated.
