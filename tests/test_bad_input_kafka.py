@@ -480,6 +480,7 @@ class DataSet:
             "invalid_id:graph": graph_id_slash,
             "missing_sensitivity": cand("missing_sensitivity", sensitivity=None),
             "empty_content": cand("empty_content", content="   "),
+            "redacted_content": cand("redacted_content", content="[REDACTED]"),
             "missing_candidate_id": lambda i: bad(C, self.user(i), self.enc(C, candidate(
                 self.user(i), "", un + i, f"No id {i}")), "missing_candidate_id", "missing_candidate_id"),
             "missing_motebit_id": empty_user,
@@ -497,6 +498,7 @@ class DataSet:
                 "missing_event_id"),
             "formed:missing_sensitivity": event("missing_sensitivity", "memory_formed", formed("n-x", "x", None)),
             "formed:empty_content": event("empty_content", "memory_formed", formed("n-x", "")),
+            "formed:redacted_content": event("redacted_content", "memory_formed", formed("n-x", "[REDACTED]")),
             "invalid_validity": event("invalid_validity", "memory_formed",
                                       formed("n-x", "valid backwards", valid_from=un, valid_until=un - 1)),
             "unknown_action": event("unknown_action", "memory_consolidated",

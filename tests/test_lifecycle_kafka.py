@@ -89,8 +89,10 @@ def test_relay_redacts_tombstones_and_never_forwards_audits_housekeeping_prunes(
     # the medical node's formation is redacted, its deletion is a tombstone; no content ever
     allergy_views = [e["payload"] for e in peer if e["event_type"] == "memory_formed"
                      and e["payload"]["node_id"] == allergy_node]
-    assert [(p["content"], p["redacted"], p["redacted_sensitivity"], p["redacted_reason"]) for p in allergy_views] == [
-        ("[REDACTED]", True, "medical", None), ("[REDACTED]", True, None, "deleted")]
+    # the tombstone keeps the relayed row's levels (as motebit's deletion propagation does)
+    assert [(p["content"], p["redacted"], p["sensitivity"], p["redacted_sensitivity"], p["redacted_reason"])
+            for p in allergy_views] == [
+        ("[REDACTED]", True, "medical", "medical", None), ("[REDACTED]", True, "medical", "medical", "deleted")]
     assert not any("penicillin" in json.dumps(e) for e in peer)
     assert all(e["payload"].get("reason", "") == "" for e in peer if e["event_type"] == "memory_consolidated")
     assert not any(e["event_type"] == "memory_audit" for e in peer)

@@ -329,7 +329,8 @@ def register(rt: "Runtime") -> None:
         for ev in out.ledger:
             await rt.send(catalog.MEMORY_LEDGER, key, ev)
             for peer_ev in relay_events(ev, threshold, um.deleted_node_ids,
-                                        deleted_fingerprints=um.deleted_fingerprints):
+                                        deleted_fingerprints=um.deleted_fingerprints,
+                                        deleted_rows=out.deleted_rows):
                 await rt.send(catalog.MEMORY_RELAY, key, peer_ev)
                 relayed.append(peer_ev)
         rt.feed_analytics(classify_outcome(out, relayed))

@@ -65,8 +65,9 @@ class ConsolidationPolicy:
     max_sensitivity_rejected: str = "secret"
     #: confidence of a node formed from a candidate that carries none
     default_confidence: float = 0.7
-    #: merge: confidence' = c + gain · (1 − c)   (0.7 → 0.79 → 0.853 → 0.897 …)
-    reinforcement_gain: float = 0.3
+    #: merge (reinforce / noop): confidence' = min(1, c + step)   (0.7 → 0.8 → 0.9 → 1.0), the
+    #: reference's arithmetic (motebit packages/memory-graph/src/index.ts consolidateAndForm)
+    reinforcement_step: float = 0.1
     semantic_half_life_ms: int = 30 * DAY_MS
     episodic_half_life_ms: int = 3 * DAY_MS
     max_half_life_ms: int = 365 * DAY_MS
@@ -77,8 +78,8 @@ class ConsolidationPolicy:
             raise ValueError("need 0 <= text_supersede_threshold <= text_merge_threshold <= 1")
         if not -1.0 <= self.embedding_supersede_threshold <= self.embedding_merge_threshold <= 1.0:
             raise ValueError("need -1 <= embedding_supersede_threshold <= embedding_merge_threshold <= 1")
-        if not 0.0 <= self.reinforcement_gain <= 1.0 or not 0.0 <= self.default_confidence <= 1.0:
-            raise ValueError("reinforcement_gain and default_confidence must be in 0..1")
+        if not 0.0 <= self.reinforcement_step <= 1.0 or not 0.0 <= self.default_confidence <= 1.0:
+            raise ValueError("reinforcement_step and default_confidence must be in 0..1")
         sensitivity_rank(self.max_sensitivity_rejected)
 
     def half_life_for(self, memory_type: str) -> int:
@@ -346,7 +347,7 @@ def reinforce(node: Mapping[str, Any], candidate: Mapping[str, Any], policy: Con
     c = float(node["confidence"])
     return {
         **node,
-        "confidence": min(1.0, c + policy.reinforcement_gain * (1.0 - c)),
+        "confidence": min(1.0, c + policy.reinforcement_step),
         "reinforcement_count": int(node["reinforcement_count"]) + 1,
         "half_life_ms": min(policy.max_half_life_ms, int(int(node["half_life_ms"]) * policy.half_life_growth)),
         "updated_at": max(int(node["updated_at"]), int(candidate["timestamp"])),

@@ -186,8 +186,7 @@ def sweep_memory(memory: UserMemory, now_ms: int, policy: HousekeepingPolicy | N
 
     out = Outcome()
     for nid, _reason in select_expired(memory.nodes(), now_ms, policy):
-        memory.erase_node(nid)
-        out.delete(nid)
+        out.delete(nid, memory.erase_node(nid))
         event = deletion_event(memory.motebit_id, nid, now_ms, memory.next_clock())
         out.ledger.append(event)
         memory.seen.add("e:" + event["event_id"], now_ms)  # our own echo is a duplicate

@@ -8,6 +8,11 @@ Validation never raises on bad data: it returns a :class:`Rejection` with a mach
 * missing / empty ids (``event_id``, ``motebit_id``, ``node_id``, ``candidate_id``),
   a missing timestamp, empty content, ``confidence`` outside 0..1 (or not a number),
   an unknown ``event_type`` or consolidation ``action`` are rejected;
+* content that is the redaction sentinel ``"[REDACTED]"`` (surrounding whitespace ignored) is
+  rejected with code ``redacted_content`` — a candidate, and a ``memory_formed`` that is neither
+  marked ``redacted`` nor a deletion tombstone: a placeholder never forms a node (the reference's
+  ``formMemory`` refuses it: motebit packages/memory-graph/src/index.ts). A ``memory_formed``
+  marked ``redacted`` (a peer's redacted copy) is still accepted, ledger only;
 * an unknown ``source`` degrades to absent (``None``) — never a rejection;
 * an embedding that is not a list of finite numbers is rejected; an all-zero one is
   treated as absent (cosine is undefined for it);
@@ -64,6 +69,12 @@ from .vocabulary import (
 
 #: The sentinel that replaces redacted content on the wire (seed memory-events).
 REDACTED_CONTENT = "[REDACTED]"
+
+
+def is_redaction_sentinel(content: Any) -> bool:
+    """``content`` is the redaction sentinel (surrounding whitespace ignored): never a memory."""
+    return isinstance(content, str) and content.strip() == REDACTED_CONTENT
+
 
 CANDIDATE_FIELDS: tuple[str, ...] = (
     "candidate_id",
@@ -296,6 +307,9 @@ def validate_candidate(raw: Any, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[
         content = raw.get("content")
         if not isinstance(content, str) or not content.strip():
             raise Invalid("empty_content", "content is missing or empty")
+        if is_redaction_sentinel(content):
+            raise Invalid("redacted_content",
+                          f"content is the redaction sentinel {REDACTED_CONTENT}: a placeholder never forms a node")
         cand["content"] = check_bytes("content", content, limits, "max_content_bytes")
         cand["sensitivity"] = _sensitivity(raw)
         cand["source"] = normalize_source(raw.get("source"))
@@ -341,6 +355,12 @@ def _payload(event_type: str, p: Mapping[str, Any], limits: Limits) -> dict[str,
         }
         if not isinstance(out["content"], str) or (not out["content"].strip() and not redacted):
             raise Invalid("empty_content", "memory_formed content is missing or empty")
+        if is_redaction_sentinel(out["content"]) and not redacted and out["redacted_reason"] is None:
+            raise Invalid(
+                "redacted_content",
+                f"memory_formed content is the redaction sentinel {REDACTED_CONTENT} but the event is neither "
+                "marked redacted nor a deletion tombstone: a placeholder never forms a node",
+            )
         check_bytes("content", out["content"], limits, "max_content_bytes")
         if (
             out["valid_from"] is not None

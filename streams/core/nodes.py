@@ -173,7 +173,11 @@ def decay_reference_ms(node: Mapping[str, Any]) -> int:
 
 
 def decayed_confidence(node: Mapping[str, Any], now_ms: int) -> float:
-    """``c · 0.5^(elapsed / half_life)`` (SPEC §4.4); no growth for negative elapsed time."""
+    """``c · 0.5^(elapsed / half_life)`` (SPEC §4.4); no growth for negative elapsed time. A
+    half-life ≤ 0 means no decay: the confidence is returned unchanged (the reference's
+    ``computeDecayedConfidence``, motebit packages/memory-graph/src/index.ts), never 0."""
+    hl = int(node["half_life_ms"])
+    if hl <= 0:
+        return float(node["confidence"])
     elapsed = max(0, int(now_ms) - decay_reference_ms(node))
-    hl = max(1, int(node["half_life_ms"]))
     return float(node["confidence"]) * 0.5 ** (elapsed / hl)

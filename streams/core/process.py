@@ -42,6 +42,9 @@ class Outcome:
     ``node_upserts``    MemoryNode dicts for ``memory.nodes.v1`` (key ``motebit_id/node_id``);
                         one entry per node, its final state.
     ``node_deletions``  node ids to tombstone (null value) on ``memory.nodes.v1``.
+    ``deleted_rows``    node id → ``{"sensitivity": …}`` of each node erased here (no content):
+                        the relay's deletion tombstone keeps the row's levels
+                        (:func:`streams.core.redaction.relay_events` ``deleted_rows``).
     ``quarantined``     QuarantineEntry dicts for ``memory.quarantine.v1``.
     ``rejections``      why (parts of) the record were not applied; ``dead_letter=True``
                         ones go to ``pipeline.dlq.v1`` with ``detail`` as the reason.
@@ -52,6 +55,7 @@ class Outcome:
     ledger: list[dict[str, Any]] = field(default_factory=list)
     node_upserts: list[dict[str, Any]] = field(default_factory=list)
     node_deletions: list[str] = field(default_factory=list)
+    deleted_rows: dict[str, dict[str, Any]] = field(default_factory=dict)
     quarantined: list[dict[str, Any]] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
     duplicate: bool = False
@@ -75,7 +79,10 @@ class Outcome:
                 return
         self.node_upserts.append(node)
 
-    def delete(self, node_id: str) -> None:
+    def delete(self, node_id: str, row: Mapping[str, Any] | None = None) -> None:
+        """Record a node deletion; ``row`` (the erased node) gives its relay-relevant levels."""
+        if row is not None:
+            self.deleted_rows[node_id] = {"sensitivity": row.get("sensitivity")}
         self.node_upserts = [n for n in self.node_upserts if n["node_id"] != node_id]
         if node_id not in self.node_deletions:
             self.node_deletions.append(node_id)
@@ -225,8 +232,9 @@ def _on_formed(memory: UserMemory, ev: dict, policy: ConsolidationPolicy, promot
     nid = p["node_id"]
     if p.get("redacted_reason") == "deleted":
         # a deletion tombstone propagated by a forget path: content is gone for good
-        if memory.erase_node(nid) is not None:
-            out.delete(nid)
+        erased = memory.erase_node(nid)
+        if erased is not None:
+            out.delete(nid, erased)
         return None
     if p.get("redacted"):
         return None  # a sensitivity-redacted copy: no content to materialize; ledger only
@@ -297,8 +305,9 @@ def _on_pinned(memory: UserMemory, ev: dict, policy: ConsolidationPolicy, promot
 
 def _on_deleted(memory: UserMemory, ev: dict, policy: ConsolidationPolicy, promotion: PromotionPolicy, out: Outcome) -> Rejection | None:
     nid = ev["payload"]["node_id"]
-    if memory.erase_node(nid) is not None:
-        out.delete(nid)
+    erased = memory.erase_node(nid)
+    if erased is not None:
+        out.delete(nid, erased)
     return None
 
 

@@ -34,6 +34,15 @@ Rules, per ``event_type``:
 anything else (unknown ``event_type``)
     dropped (fail closed).
 
+A deletion tombstone is the deleted row as the peer holds it with the deletion rewrite applied:
+content ``"[REDACTED]"``, ``redacted: True``, ``redacted_reason: "deleted"``, and the row's own
+``sensitivity`` and ``redacted_sensitivity`` kept (the reference rewrites the stored
+``memory_formed`` in place: motebit packages/event-log/src/index.ts ``redactMemoryContent``,
+services/relay/src/deletion-propagation.ts). "The row" is this view of the node's
+``memory_formed`` (so ``redacted_sensitivity`` is set when the relay had redacted it). For a
+``memory_deleted`` the shell passes the deleted node's sensitivity (``deleted_rows``); when it is
+unknown the tombstone says ``secret`` / null (fail closed: a ``memory_formed`` must carry one).
+
 Every forwarded payload is rebuilt with exactly its schema record's fields, so an extra key
 smuggled into a payload dict never reaches the relay. Inputs are never mutated.
 
@@ -130,14 +139,20 @@ def tombstone_id(user: str, node_id: str) -> str:
     return derive_id(user, node_id, TOMBSTONE_ROLE)
 
 
-def tombstone_for(node_id: str, user: str, source_event: Mapping[str, Any]) -> dict[str, Any]:
+def tombstone_for(node_id: str, user: str, source_event: Mapping[str, Any],
+                  row: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The deletion tombstone of ``node_id``: a ``memory_formed``-shaped event with content
     ``"[REDACTED]"``, ``redacted: True``, ``redacted_reason: "deleted"``.
-    ``sensitivity`` is ``"secret"`` (the payload must carry one — receivers reject a
-    ``memory_formed`` without it — and nothing about the deleted content is disclosed);
-    ``redacted_sensitivity`` is null (a peer has no policy left to honour).
-    Timestamp, version_clock and device come from ``source_event`` (the deletion or the
-    formed event it replaces)."""
+    ``sensitivity`` and ``redacted_sensitivity`` are the deleted ``row``'s (its relay payload);
+    without a row (or one whose sensitivity is not a level) ``sensitivity`` is ``"secret"`` (the
+    payload must carry one — receivers reject a ``memory_formed`` without it) and
+    ``redacted_sensitivity`` null. Timestamp, version_clock and device come from
+    ``source_event`` (the deletion or the formed event it replaces)."""
+    sensitivity, redacted_sensitivity = "secret", None
+    if row is not None and is_sensitivity(row.get("sensitivity")):
+        sensitivity = row["sensitivity"]
+        kept = row.get("redacted_sensitivity")
+        redacted_sensitivity = kept if is_sensitivity(kept) else None
     return {
         "event_id": tombstone_id(user, node_id),
         "motebit_id": user,
@@ -148,10 +163,10 @@ def tombstone_for(node_id: str, user: str, source_event: Mapping[str, Any]) -> d
         "payload": {
             "node_id": node_id,
             "content": REDACTED_CONTENT,
-            "sensitivity": "secret",
+            "sensitivity": sensitivity,
             "source": None,
             "redacted": True,
-            "redacted_sensitivity": None,
+            "redacted_sensitivity": redacted_sensitivity,
             "redacted_reason": DELETED_REASON,
             "valid_from": None,
             "valid_until": None,
@@ -183,12 +198,21 @@ def _formed(
 ) -> dict[str, Any]:
     p = event.get("payload") or {}
     node_id = p.get("node_id")
-    user = event.get("motebit_id")
-    if p.get("redacted_reason") == DELETED_REASON or node_id in deleted_node_ids:
-        return tombstone_for(node_id, user, event)
+    payload = _formed_payload(p, threshold)
     content = p.get("content")
-    if deleted_fingerprints and isinstance(content, str) and content_fingerprint(content) in deleted_fingerprints:
-        return tombstone_for(node_id, user, event)
+    if (
+        p.get("redacted_reason") == DELETED_REASON
+        or node_id in deleted_node_ids
+        or (deleted_fingerprints and isinstance(content, str) and content_fingerprint(content) in deleted_fingerprints)
+    ):
+        return tombstone_for(node_id, event.get("motebit_id"), event, payload)
+    return _envelope(event, payload)
+
+
+def _formed_payload(p: Mapping[str, Any], threshold: str) -> dict[str, Any]:
+    """The relay payload of a ``memory_formed`` payload ``p`` (no deletion considered)."""
+    node_id = p.get("node_id")
+    content = p.get("content")
     sensitivity = p.get("sensitivity")
     payload = {
         "node_id": node_id,
@@ -213,7 +237,7 @@ def _formed(
             redacted=True,
             redacted_sensitivity=orig if is_sensitivity(orig) else sensitivity,
         )
-    return _envelope(event, payload)
+    return payload
 
 
 def relay_events(
@@ -223,10 +247,13 @@ def relay_events(
     *,
     deleted_fingerprints: Collection[str] = (),
     local_only: Collection[str] = LOCAL_ONLY_EVENT_TYPES,
+    deleted_rows: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """The relay events for one ledger event (see the module doc): ``[]`` (dropped), one
     event, or — for ``memory_deleted`` — the deletion followed by the node's tombstone.
-    ``threshold`` is the user's consented SensitivityLevel (:func:`threshold_for`)."""
+    ``threshold`` is the user's consented SensitivityLevel (:func:`threshold_for`);
+    ``deleted_rows`` maps a node id just deleted to its row (``sensitivity``, no content:
+    :attr:`streams.core.process.Outcome.deleted_rows`), whose levels the tombstone keeps."""
     et = event.get("event_type")
     if et in LOCAL_ONLY_EVENT_TYPES or et in local_only:
         return []
@@ -234,8 +261,12 @@ def relay_events(
     if et == "memory_formed":
         return [_formed(event, threshold, deleted_node_ids, deleted_fingerprints)]
     if et == "memory_deleted":
-        deletion = _envelope(event, {"node_id": p.get("node_id")})
-        return [deletion, tombstone_for(p.get("node_id"), event.get("motebit_id"), event)]
+        node_id = p.get("node_id")
+        deletion = _envelope(event, {"node_id": node_id})
+        row = (deleted_rows or {}).get(node_id)
+        # the row the peer holds: the node's memory_formed as this view relayed it
+        kept = _formed_payload({"node_id": node_id, "content": REDACTED_CONTENT, **row}, threshold) if row else None
+        return [deletion, tombstone_for(node_id, event.get("motebit_id"), event, kept)]
     if et == "memory_accessed":
         return [_envelope(event, {"node_id": p.get("node_id")})]
     if et == "memory_pinned":

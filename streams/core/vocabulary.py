@@ -7,8 +7,9 @@ Everything here is total and side-effect free:
 * ``MemorySource`` values outside the vocabulary (including the Avro enum's ``unknown``
   default symbol) degrade to ``None`` (absent) — never to a trusted tier, never a rejection.
 * Consolidation actions are read in both vocabularies (wire ``merge|supersede|reject|accept``
-  and the reference emitter's ``add|update|reinforce|noop``) and always written in the wire
-  vocabulary; anything else is an error (the record goes to the dead-letter topic).
+  and the reference emitter's ``add|update|reinforce|noop``), case-insensitively (``REINFORCE``
+  is ``reinforce``, as the reference lower-cases a decider's action), and always written in the
+  wire vocabulary; anything else is an error (the record goes to the dead-letter topic).
 """
 
 from __future__ import annotations
@@ -82,9 +83,10 @@ def normalize_source(value: Any) -> str | None:
 
 
 def normalize_action(value: Any) -> str:
-    """Map either consolidation vocabulary onto the wire vocabulary; raise on anything else."""
+    """Map either consolidation vocabulary, in any letter case, onto the wire vocabulary; raise
+    on anything else."""
     if isinstance(value, str):
-        wire = _ACTION_ALIASES.get(value)
+        wire = _ACTION_ALIASES.get(value.lower())
         if wire is not None:
             return wire
     raise VocabularyError(f"unknown consolidation action {value!r}")

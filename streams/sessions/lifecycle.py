@@ -18,7 +18,9 @@ fields; ``internal`` holds the bookkeeping the record schema has no field for:
 - ``claim`` (dict | None): the armed shadow-price claim
   ``{"seq", "type", "compactionId", "shadowedSeqs", "shadowedTokenCount"}``;
 - ``openStartTs`` (int | None): ``ts`` of the open compaction's ``compaction/start``;
-- ``enclosureFlagged`` (bool): ``turn.enclosure`` already reported for the open compaction;
+- ``enclosureFlagged`` (bool): a turn boundary already crossed the open compaction;
+- ``pendingCrossing`` (``[rule, message]`` | None): that crossing, reported when the compaction
+  closes (dropped when a ``session/end-seed`` releases it as an orphan);
 - ``droppedCompactions`` (int): closed compactions trimmed from ``record.compactions`` (the
   record keeps the newest ``MAX_COMPACTIONS``; totals stay cumulative).
 
@@ -38,8 +40,16 @@ Checks: a numbered start must name the open turn (``turn.not_open``); a ``null``
 is open is ``turn.null_inside_turn`` — enforced only once the session has logged an explicit
 ``turn/start``/``turn/end`` (without boundaries we cannot know that a turn is over, so we do not
 guess); the owning turn ending, or a different turn starting, while its compaction still holds the
-lock is ``turn.enclosure``; the end's owner (``turn``, ``sourceCommandId``) must equal the start's
-(``lock.owner_mismatch``).
+lock is ``turn.enclosure``; an explicit ``turn/start``/``turn/end`` inside a standalone bracket is
+``turn.crosses_standalone``. Both crossings are reported when the bracket closes (end, or
+abandonment by a second start), not at the boundary: a later ``session/end-seed`` may show the
+bracket to be an inherited orphan whose boundaries were crash repair (not reported). The end's
+owner (``turn``, ``sourceCommandId``) must equal the start's (``lock.owner_mismatch``), the
+summary's ``sourceCommandId`` the start's (``summary.owner_mismatch``); an empty ``compactionId``
+or ``sourceCommandId`` is ``event.empty_id`` (not applied).
+
+``session/end-seed`` (written after the history a resumed or forked session inherited) releases a
+compaction still open: closed ``failed`` with error ``orphaned: …`` (not counted in ``errorCount``).
 
 Lock model
 ----------
@@ -57,7 +67,9 @@ Shadow-price meter
 claim, tokensAdded += ``price_message(role, content)``, tokensSaved += the difference (may be
 negative). Any other event in between — including an ignorable one — expires the claim
 (``shadow.not_adjacent``); a replace of a different range is ``shadow.range_mismatch``; a replace
-with nothing armed is ``shadow.unclaimed_replace``. Seq gaps are not checked: "immediately follows"
+with nothing armed is ``shadow.unclaimed_replace``; the error ``compaction/end`` of the summary's
+own compaction lets the claim lapse silently (the compaction failed: no replacement is owed).
+Seq gaps are not checked: "immediately follows"
 means "is the next event the consumer sees". A claim whose token count is invalid settles without
 touching the totals (its ``meter.bad_token_count`` was already reported).
 
@@ -106,8 +118,10 @@ RULES: dict[str, str] = {
     "turn.not_open": "a numbered compaction owner is not the open turn",
     "turn.null_inside_turn": "turn: null (between turns) while a turn is open",
     "turn.enclosure": "the owning turn ended while its compaction still held the lock",
+    "turn.crosses_standalone": "a turn/start or turn/end inside a standalone (turn: null) compaction bracket",
     "summary.not_open": "compaction/summary for a compaction that is not open",
     "summary.duplicate": "more than one compaction/summary for one compaction",
+    "summary.owner_mismatch": "compaction/summary's sourceCommandId differs from (or omits) its compaction/start's",
     "summary.raw_output_missing": "llmStreamCall: true without rawOutput",
     "end.missing_summary": "a successful compaction/end (no error) without a compaction/summary",
     "meter.range_mismatch": "shadowedRange start/end are not the first/last of shadowedSeqs (or shadowedSeqs is empty)",
@@ -117,6 +131,7 @@ RULES: dict[str, str] = {
     "shadow.unclaimed_replace": "a surface replace with no armed shadow-price claim",
     "event.unknown_type": "an unknown, non-ignorable event type",
     "event.malformed": "an event whose envelope or data cannot be interpreted",
+    "event.empty_id": "a compaction event whose compactionId or sourceCommandId is the empty string (ids are non-empty when present)",
     "event.session_mismatch": "an event of another session was routed to this session's state",
     "session.seq_reused": "an already-applied seq arrives again with different content",
     "session.seq_out_of_order": "a seq below lastSeq that was never applied (it arrived after a later seq)",
@@ -127,6 +142,9 @@ RULES: dict[str, str] = {
 COMPACTION_TYPES = ("compaction/start", "compaction/summary", "compaction/end", "compaction/prune")
 TURN_START = "turn/start"
 TURN_END = "turn/end"
+#: written by the producer right after the history a resumed or forked session inherited: a
+#: compaction still open before it belongs to a writer whose lifecycle has ended (an orphan)
+END_SEED = "session/end-seed"
 
 
 @dataclass(frozen=True)
@@ -173,6 +191,7 @@ def new_state(session_id: str) -> dict[str, Any]:
             "claim": None,
             "openStartTs": None,
             "enclosureFlagged": False,
+            "pendingCrossing": None,
             "droppedCompactions": 0,
             "seqPrints": {},
             "seqFloor": 0,
@@ -458,10 +477,11 @@ def step(state: Mapping[str, Any] | None, event: Mapping[str, Any],
         if is_replace:
             _settle(ctx, claim, data)
             return ctx.result()
-        ctx.violate(
-            "shadow.not_adjacent",
-            f"{claim['type']} at seq {claim['seq']} was followed by {typ} at seq {seq}, not by its replacement; claim expired",
-        )
+        if not _failed_end_of(claim, typ, data):
+            ctx.violate(
+                "shadow.not_adjacent",
+                f"{claim['type']} at seq {claim['seq']} was followed by {typ} at seq {seq}, not by its replacement; claim expired",
+            )
     elif is_replace:
         ctx.violate("shadow.unclaimed_replace", f"replace of seqs {data.get('sourceEventSeqs')} with no armed metering event")
         return ctx.result()
@@ -479,6 +499,8 @@ def step(state: Mapping[str, Any] | None, event: Mapping[str, Any],
         _on_turn_start(ctx, data)
     elif typ == TURN_END:
         _on_turn_end(ctx)
+    elif typ == END_SEED:
+        _on_end_seed(ctx)
     elif surface:
         _on_surface_append(ctx, data)
     elif not event.get("ignorable", False):
@@ -528,17 +550,64 @@ def _settle(ctx: _Ctx, claim: Mapping[str, Any], data: Mapping[str, Any]) -> Non
     ctx.rec["tokensSaved"] += claimed - price
 
 
-def _check_turn_change(ctx: _Ctx, new_turn: int | None) -> None:
-    """A different turn is starting (or the turn is ending): check enclosure."""
+def _failed_end_of(claim: Mapping[str, Any], typ: str | None, data: Mapping[str, Any]) -> bool:
+    """The event right after a summary is the error end of that summary's compaction: the
+    compaction failed after summarizing, so no replacement follows and none is owed (the claim
+    lapses without settling and without a violation). deepseek-harness
+    packages/compaction/compaction-basic/src/region.ts: when the checkpoint append after the
+    summary throws, the transaction closes with ``compaction/end`` + ``error`` and no checkpoint."""
+    return (
+        typ == "compaction/end"
+        and claim["type"] == "compaction/summary"
+        and claim["compactionId"] is not None
+        and data.get("compactionId") == claim["compactionId"]
+        and data.get("error") is not None
+    )
+
+
+def _check_turn_change(ctx: _Ctx, new_turn: int | None, explicit: bool = False) -> None:
+    """A different turn is starting (or the turn is ending) while a compaction holds the lock.
+
+    The crossing is remembered (``pendingCrossing``) and reported when the bracket closes (its
+    end, or its abandonment by a second start), not now: if a ``session/end-seed`` shows that the
+    open compaction was inherited from a writer that died, the boundaries in between were that
+    history's crash repair and nothing is reported (deepseek-harness
+    packages/compaction/compaction/src/invariant.ts, stale inherited orphans). A numbered owner
+    is crossed by any other turn (explicit or inferred from a surface append); a standalone
+    owner (``turn: null``) by an explicit ``turn/start`` / ``turn/end`` only."""
     open_id = ctx.rec["openCompactionId"]
     if open_id is None or ctx.internal["enclosureFlagged"]:
         return
     idx = ctx.find(open_id)
     owner = ctx.rec["compactions"][idx]["turn"] if idx is not None else None
-    if owner is not None and owner != new_turn:
-        ctx.internal["enclosureFlagged"] = True
+    if owner is None and explicit:
+        what = TURN_END if new_turn is None else f"{TURN_START} of turn {new_turn}"
+        crossing = ("turn.crosses_standalone", f"{what} at seq {ctx.seq} inside standalone compaction {open_id!r}")
+    elif owner is not None and owner != new_turn:
         what = "ended" if new_turn is None else f"was followed by turn {new_turn}"
-        ctx.violate("turn.enclosure", f"turn {owner} {what} while its compaction {open_id!r} still held the lock")
+        crossing = ("turn.enclosure", f"turn {owner} {what} at seq {ctx.seq} while its compaction {open_id!r} still held the lock")
+    else:
+        return
+    ctx.internal["enclosureFlagged"] = True
+    ctx.internal["pendingCrossing"] = list(crossing)
+
+
+def _report_crossing(ctx: _Ctx) -> None:
+    """The open bracket closes: report the turn boundary it contained, if any."""
+    crossing = ctx.internal.get("pendingCrossing")
+    ctx.internal["pendingCrossing"] = None
+    ctx.internal["enclosureFlagged"] = False
+    if crossing:
+        ctx.violate(crossing[0], crossing[1])
+
+
+def _empty_ids(ctx: _Ctx, data: Mapping[str, Any], what: str) -> bool:
+    """Report ``event.empty_id`` (the event is then not applied): a compactionId or a present
+    sourceCommandId must be a non-empty string (deepseek-harness invariant.ts validateId)."""
+    empty = [f for f in ("compactionId", "sourceCommandId") if data.get(f) == ""]
+    if empty:
+        ctx.violate("event.empty_id", f"{what} has an empty {' and '.join(empty)}")
+    return bool(empty)
 
 
 def _turn_of(data: Mapping[str, Any]) -> tuple[bool, int | None]:
@@ -553,14 +622,33 @@ def _on_turn_start(ctx: _Ctx, data: Mapping[str, Any]) -> None:
         return
     ctx.internal["turnBoundaries"] = True
     if turn != ctx.internal["openTurn"]:
-        _check_turn_change(ctx, turn)
+        _check_turn_change(ctx, turn, explicit=True)
     ctx.internal["openTurn"] = turn
 
 
 def _on_turn_end(ctx: _Ctx) -> None:
     ctx.internal["turnBoundaries"] = True
-    _check_turn_change(ctx, None)
+    _check_turn_change(ctx, None, explicit=True)
     ctx.internal["openTurn"] = None
+
+
+def _on_end_seed(ctx: _Ctx) -> None:
+    """``session/end-seed``: a compaction still open is an inherited orphan; release it (closed
+    as ``failed``, error ``orphaned: …``, not counted in ``errorCount``) and forget any turn
+    boundary it contained. A new start is then valid (in the same turn too); the stale id is
+    closed, so a summary or end for it is ``summary.not_open`` / ``lock.end_not_open``."""
+    open_id = ctx.rec["openCompactionId"]
+    if open_id is None:
+        return
+    idx = ctx.find(open_id)
+    if idx is not None:
+        e = ctx.entry(idx)
+        e["status"] = "failed"
+        e["error"] = f"orphaned: inherited compaction released by {END_SEED} at seq {ctx.seq}"
+    ctx.rec["openCompactionId"] = None
+    ctx.internal["openStartTs"] = None
+    ctx.internal["enclosureFlagged"] = False
+    ctx.internal["pendingCrossing"] = None
 
 
 def _on_surface_append(ctx: _Ctx, data: Mapping[str, Any]) -> None:
@@ -579,9 +667,12 @@ def _on_start(ctx: _Ctx, data: Mapping[str, Any], ts: Any) -> None:
     if not isinstance(cid, str) or not ok:
         ctx.violate("event.malformed", "compaction/start needs a string compactionId and an integer or null turn")
         return
+    if _empty_ids(ctx, data, "compaction/start"):
+        return
     open_id = ctx.rec["openCompactionId"]
     if open_id is not None:
         ctx.violate("lock.second_start", f"compaction {cid!r} started while compaction {open_id!r} holds the lock")
+        _report_crossing(ctx)
         idx = ctx.find(open_id)
         if idx is not None:
             e = ctx.entry(idx)
@@ -600,6 +691,7 @@ def _on_start(ctx: _Ctx, data: Mapping[str, Any], ts: Any) -> None:
     ctx.rec["openCompactionId"] = cid
     ctx.internal["openStartTs"] = ts if _is_int(ts) else None
     ctx.internal["enclosureFlagged"] = False
+    ctx.internal["pendingCrossing"] = None
     _trim(ctx)
 
 
@@ -634,6 +726,8 @@ def _on_summary(ctx: _Ctx, data: Mapping[str, Any]) -> None:
     if not isinstance(cid, str):
         ctx.violate("event.malformed", "compaction/summary needs a string compactionId")
         return
+    if _empty_ids(ctx, data, "compaction/summary"):
+        return
     if not _check_meter(ctx, data, "compaction/summary"):
         return
     if data.get("llmStreamCall") is True and data.get("rawOutput") is None:
@@ -649,6 +743,12 @@ def _on_summary(ctx: _Ctx, data: Mapping[str, Any]) -> None:
             ctx.violate("summary.duplicate", f"second summary for compaction {cid!r} (first at seq {first})")
         elif idx is not None:
             e = ctx.entry(idx)
+            if data.get("sourceCommandId") != e["sourceCommandId"]:
+                ctx.violate(
+                    "summary.owner_mismatch",
+                    f"summary of {cid!r} names command {data.get('sourceCommandId')!r} but its start named "
+                    f"{e['sourceCommandId']!r}",
+                )
             e["summarySeq"] = ctx.seq
             rng = data.get("shadowedRange")
             e["shadowedRange"] = {"start": rng.get("start"), "end": rng.get("end")} if isinstance(rng, Mapping) else None
@@ -680,6 +780,8 @@ def _on_end(ctx: _Ctx, data: Mapping[str, Any], ts: Any) -> None:
     if not isinstance(cid, str) or not ok:
         ctx.violate("event.malformed", "compaction/end needs a string compactionId and an integer or null turn")
         return
+    if _empty_ids(ctx, data, "compaction/end"):
+        return
     open_id = ctx.rec["openCompactionId"]
     if cid != open_id:
         known = ctx.find(cid) is not None
@@ -697,6 +799,7 @@ def _on_end(ctx: _Ctx, data: Mapping[str, Any], ts: Any) -> None:
             f"end of {cid!r} owned by (turn={turn}, command={data.get('sourceCommandId')!r}) but started by "
             f"(turn={e['turn']}, command={e['sourceCommandId']!r})",
         )
+    _report_crossing(ctx)
     e["endSeq"] = ctx.seq
     start_ts = ctx.internal["openStartTs"]
     e["durationMs"] = ts - start_ts if _is_int(ts) and _is_int(start_ts) else None
@@ -713,4 +816,3 @@ def _on_end(ctx: _Ctx, data: Mapping[str, Any], ts: Any) -> None:
             ctx.violate("end.missing_summary", f"compaction {cid!r} ended successfully without a summary")
     ctx.rec["openCompactionId"] = None
     ctx.internal["openStartTs"] = None
-    ctx.internal["enclosureFlagged"] = False

@@ -312,6 +312,26 @@ def _fault(b: _Builder, name: str) -> list[str]:
         owner = b.turn
         b.compaction(owner=owner, after_replace=close_turn)
         return ["turn.enclosure"]
+    if name == "turn.crosses_standalone":
+        # a manual (standalone) compaction between turns, and the next turn starts inside it
+        b.end_turn()
+        b.compaction(manual=True, after_replace=b.begin_turn)
+        return ["turn.crosses_standalone"]
+    if name == "lock.stale_after_end_seed":
+        # an inherited compaction never ended; the resumed writer marks the end of the seed,
+        # compacts again in the same turn (valid), and a late end of the stale id is refused
+        stale = b.new_cid()
+        b.emit("compaction/start", {"compactionId": stale, "sourceCommandId": None, "turn": b.turn})
+        b.generic("session/end-seed", {})
+        b.compaction()
+        b.emit("compaction/end", {"compactionId": stale, "sourceCommandId": None, "turn": b.turn, "error": None})
+        return ["lock.end_not_open"]
+    if name == "event.empty_id":
+        b.emit("compaction/start", {"compactionId": b.new_cid(), "sourceCommandId": "", "turn": b.turn})
+        return ["event.empty_id"]
+    if name == "summary.owner_mismatch":
+        b.compaction(summary_over={"sourceCommandId": "cmd-elsewhere"})
+        return ["summary.owner_mismatch"]
     if name == "summary.not_open":
         i, j = b.pick_range()  # type: ignore[misc]
         seqs, price = b.priced(i, j)
@@ -405,7 +425,8 @@ def _range_fault(b: _Builder) -> list[str]:
 
 SCENARIOS: tuple[str, ...] = (
     "lock.second_start", "lock.reused_id", "lock.end_not_open", "lock.end_twice", "lock.owner_mismatch",
-    "turn.not_open", "turn.null_inside_turn", "turn.enclosure",
+    "turn.not_open", "turn.null_inside_turn", "turn.enclosure", "turn.crosses_standalone",
+    "lock.stale_after_end_seed", "event.empty_id", "summary.owner_mismatch",
     "summary.not_open", "summary.duplicate", "summary.raw_output_missing", "end.missing_summary",
     "meter.range_mismatch", "meter.bad_token_count", "meter.bad_prune_count",
     "shadow.not_adjacent", "shadow.prune_not_replaced", "shadow.range_mismatch", "shadow.unclaimed_replace",
@@ -421,7 +442,7 @@ def broken_session(scenario: str, seed: int) -> SampleSession:
     rng = random.Random(f"{scenario}/{seed}")
     sid = _session_id(rng, "sx")
     # turn.null_inside_turn is only enforced once turn boundaries are explicit
-    explicit = True if scenario == "turn.null_inside_turn" else rng.random() < 0.5
+    explicit = True if scenario in ("turn.null_inside_turn", "turn.crosses_standalone") else rng.random() < 0.5
     b = _Builder(rng, sid, explicit_turns=explicit)
     b.warm_up(rng.randint(1, 3))  # leaves a turn open, with tool nodes and room for ranges
     expected = _fault(b, scenario)

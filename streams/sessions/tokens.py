@@ -12,7 +12,12 @@ Prices:
 - an ``unknown`` block (a block type the wire schema does not model): priced like a text block
   over whatever ``text`` it carries, so it costs at least the per-block overhead of 4. This is our
   choice; the reference estimator only ever sees its own block types.
-- a message: ``4`` for its role + the sum of its blocks.
+- a message: ``4`` for its role + the sum of its blocks — except an ``assistant`` message with no
+  blocks at all, which costs 0: the reference derives no model-visible message from it (it only
+  hosts a max-tokens step's usage) and prices it as zero (deepseek-harness
+  packages/core/session/src/surface.ts ``deriveEventMessage``; test "prices an empty assistant
+  surface anchor as zero" in packages/llm/token-meter/tests/token-meter.spec.ts). An empty
+  message of any other role still costs its role overhead, as in the reference.
 
 A missing / ``None`` string counts as length 0. A ContentBlock is a dict
 ``{"type": "text"|"tool_call"|"unknown", "text": str?, "name": str?, "arguments": str?}``.
@@ -61,7 +66,11 @@ def price_blocks(blocks: Iterable[Mapping[str, Any]] | None) -> int:
 
 
 def price_message(role: str | None, blocks: Iterable[Mapping[str, Any]] | None) -> int:
-    """Price of a message: the role overhead (4, whatever the role) plus its blocks."""
+    """Price of a message: the role overhead (4, whatever the role) plus its blocks; an
+    assistant message without blocks is no model-visible message and costs 0."""
+    blocks = list(blocks or ())
+    if role == "assistant" and not blocks:
+        return 0
     return ROLE_OVERHEAD + price_blocks(blocks)
 
 

@@ -35,7 +35,7 @@ def test_same_candidate_three_times_one_node_reinforced_twice():
     assert len(um.live) == 1 and not um.closed
     node = next(iter(um.live.values()))
     assert node["reinforcement_count"] == 2
-    assert node["confidence"] == pytest.approx(0.7 + 0.3 * 0.3 + 0.3 * (1 - 0.79))  # 0.853
+    assert node["confidence"] == pytest.approx(0.7 + 0.1 + 0.1)  # reference step: +0.1 per reinforcement
     assert node["half_life_ms"] == int(int(30 * DAY_MS * 1.5) * 1.5)
     # ledger: formed + consolidated(accept), then consolidated(merge) twice
     assert [e["event_type"] for e in outs[0].ledger] == ["memory_formed", "memory_consolidated"]
@@ -77,7 +77,7 @@ def test_half_life_growth_is_capped_and_episodic_starts_at_3_days():
     assert node["half_life_ms"] == MAX_HALF_LIFE_MS
     assert node["reinforcement_count"] == 13
     assert outs[-2].node_upserts[0]["half_life_ms"] == MAX_HALF_LIFE_MS  # 3 d · 1.5^12 > 365 d
-    assert node["confidence"] < 1.0
+    assert node["confidence"] == 1.0  # +0.1 per reinforcement, capped at 1 (the reference's min(1.0, c + 0.1))
 
 
 def test_merge_keeps_the_stricter_sensitivity():
@@ -270,7 +270,7 @@ def test_policy_validation():
     with pytest.raises(ValueError):
         ConsolidationPolicy(text_merge_threshold=0.4, text_supersede_threshold=0.5)
     with pytest.raises(ValueError):
-        ConsolidationPolicy(reinforcement_gain=2)
+        ConsolidationPolicy(reinforcement_step=2)
 
 
 # ---------------------------------------------------------------- index vs brute force ----

@@ -33,7 +33,7 @@ def test_action_vocabularies():
         "merge": "merge", "supersede": "supersede", "reject": "reject", "accept": "accept",
         "add": "accept", "update": "supersede", "reinforce": "merge", "noop": "merge",
     }
-    for bad in ("unknown", "delete", "ADD", "", None, 1):
+    for bad in ("unknown", "delete", "ADDED", " add", "", None, 1):
         with pytest.raises(VocabularyError):
             normalize_action(bad)
         assert try_normalize_action(bad) is None
@@ -61,3 +61,12 @@ def test_helpers_are_roles_of_derive_id():
     # the separator keeps ("a\x1fb", "c") and ("a", "b\x1fc") apart only if ids never contain it;
     # plain concatenation ambiguity ("ab","c") vs ("a","bc") is excluded:
     assert derive_id("ab", "c", "r") != derive_id("a", "bc", "r")
+
+
+@pytest.mark.parametrize("spelling, wire", [("REINFORCE", "merge"), ("Noop", "merge"), ("ADD", "accept"),
+                                            ("Update", "supersede"), ("MERGE", "merge"), ("Reject", "reject")])
+def test_action_aliases_are_case_insensitive(spelling, wire):
+    # motebit packages/memory-graph/src/consolidation.ts parseConsolidationResponse lower-cases
+    # the decider's action before matching (its test suite: consolidation.test.ts)
+    assert normalize_action(spelling) == wire
+    assert try_normalize_action(spelling) == wire
