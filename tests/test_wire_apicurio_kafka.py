@@ -76,6 +76,9 @@ def test_worker_applies_records_written_with_apicurio_headers(stack, unique):
             1 for m in out if m["key"] == user and m["value"]["event_type"] == "memory_consolidated") == 2)
     decisions = [m["value"] for m in ledger if m["key"] == user and m["value"]["event_type"] == "memory_consolidated"]
     assert [d["payload"]["action"] for d in decisions] == ["accept", "accept"]
+    # each output names its input (memory_event v2 `caused_by`)
+    assert sorted(d["caused_by"]["id"] for d in decisions) == sorted([by_global["candidate_id"], by_content["candidate_id"]])
+    assert {d["caused_by"]["kind"] for d in decisions} == {"candidate"}
     formed = sorted(m["value"]["payload"]["content"] for m in ledger
                     if m["key"] == user and m["value"]["event_type"] == "memory_formed")
     assert formed == sorted([by_global["content"], by_content["content"]])
