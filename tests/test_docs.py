@@ -49,3 +49,15 @@ def test_docker_compose_parses_names_services_and_only_real_settings():
         settings = Settings.from_env(env)  # every value parses into the settings object
         assert settings.broker == "kafka:9092"
     assert "ports" not in services["worker"], "a fixed host port would stop --scale worker=N"
+
+
+def test_every_key_column_names_fields_of_the_value_schema():
+    """The catalog's key (and so README's key column) names the record fields the key is taken
+    from, spelled as the schema spells them (`sessionId`, not `session_id`)."""
+    from streams import schemas
+
+    for t in catalog.topics():
+        if t.key == "original key":  # the DLQ keeps the failed record's own key
+            continue
+        fields = {f["name"] for f in schemas.parsed(t.value_schema)["fields"]}
+        assert set(t.key.split("/")) <= fields, (t.name, t.key, sorted(fields))
