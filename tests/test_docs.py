@@ -19,6 +19,16 @@ def test_readme_tables_match_the_code():
         assert f"| `{t.name}` |" in text
 
 
+def test_contract_tables_match_the_code_and_the_docs_stand_alone():
+    text = readme.CONTRACT.read_text()
+    assert readme.render(text, readme.CONTRACT_SECTIONS) == text, \
+        "docs/contract.md tables are stale: run `python -m streams.readme`"
+    for doc in [readme.README, *sorted((ROOT / "docs").glob("*.md"))]:  # a clone has no ../shared/
+        assert "shared/SPEC" not in doc.read_text(), doc
+    for t in catalog.topics():
+        assert f"`{t.name}`" in text or t.name in text, t.name
+
+
 def test_asyncapi_document_has_every_topic_with_its_binding():
     doc = json.loads(asyncapi.render(Settings(partitions=3)))
     assert doc["asyncapi"] == "3.0.0"
