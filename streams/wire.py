@@ -458,27 +458,26 @@ class ApicurioIds:
     def __init__(self, factory: "CodecFactory", fetch: Callable[[int], str] | None = None) -> None:
         self.factory = factory
         self.fetch = fetch or self._fetch_over_http
-        self._by_global_id: dict[int, SchemaVersion] = {}
-        self._refused: dict[int, WireFormatError] = {}
+        self._by_global_id: dict[int, SchemaVersion | WireFormatError] = {}  # bounded: _REFUSED_IDS_KEPT
 
     def writer(self, kind: str, schema_id: int) -> SchemaVersion:
         if kind == "contentId":
             return self.factory.writer_by_id(schema_id)
-        known = self._by_global_id.get(schema_id)
-        if known is not None:
-            return known
-        refused = self._refused.get(schema_id)
-        if refused is not None:
-            raise type(refused)(str(refused))
+        if schema_id not in self._by_global_id:
+            self._by_global_id[schema_id] = self._lookup(schema_id)
+        outcome = self._by_global_id[schema_id]
+        if isinstance(outcome, WireFormatError):  # remembered: bad data is not one request per record
+            raise type(outcome)(str(outcome))
+        return outcome
+
+    def _lookup(self, global_id: int) -> SchemaVersion | WireFormatError:
+        """The writer of a globalId, or the data error it names (RegistryError propagates: retried)."""
+        if len(self._by_global_id) >= _REFUSED_IDS_KEPT:
+            self._by_global_id.clear()
         try:
-            writer = self._parse(schema_id, self.fetch(schema_id))
+            return self._parse(global_id, self.fetch(global_id))
         except WireFormatError as exc:
-            if len(self._refused) >= _REFUSED_IDS_KEPT:
-                self._refused.clear()
-            self._refused[schema_id] = exc
-            raise
-        self._by_global_id[schema_id] = writer
-        return writer
+            return exc
 
     def _parse(self, global_id: int, text: str) -> SchemaVersion:
         try:
