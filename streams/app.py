@@ -215,8 +215,9 @@ class Runtime:
     def count(self, name: str, n: int = 1) -> None:
         self.metrics.inc(name, n)
 
-    def decoder(self, topic_name: str) -> Callable[[bytes], dict]:
-        return self.codecs.codec(catalog.topic(topic_name).value_schema).decode
+    def decoder(self, topic_name: str) -> Callable[..., dict]:
+        """`decode(value, headers)` of a topic: any framing `wire` reads (Apicurio's headers too)."""
+        return self.codecs.codec(catalog.topic(topic_name).value_schema).decode_message
 
     async def send(self, topic_name: str, key: str, value: dict | None,
                    headers: list[tuple[str, bytes]] | None = None) -> None:
@@ -255,7 +256,7 @@ class Runtime:
         self.count(f"in:{msg.topic}")
         try:
             key = decode_key(msg.key)
-            record = await self._decode(msg.topic, msg.value)
+            record = await self._decode(msg.topic, msg.value, msg.headers)
         except WireFormatError as exc:
             await self.dead_letter(event, deadletter.STAGE_DECODE, str(exc), type(exc).__name__)
             return True
@@ -360,7 +361,7 @@ class Runtime:
             logging.shutdown()
             os._exit(EXIT_AGENT_FAILED)
 
-    async def _decode(self, topic: str, value: bytes | None) -> dict:
+    async def _decode(self, topic: str, value: bytes | None, headers=None) -> dict:
         if value is None:
             raise _NullValue(f"{topic} record has a null value; inputs never carry tombstones")
         decode = self.decoder(topic)
@@ -369,7 +370,7 @@ class Runtime:
         try:
             while True:
                 try:
-                    record = decode(value)
+                    record = decode(value, headers)
                 except RegistryError as exc:  # not the record's fault: wait for the registry, keep the record
                     self._stalled(topic, f"waiting for the schema registry to decode a {topic} record ({exc})")
                     log.warning("schema registry unavailable (%s); retrying in %.1fs", exc, delay)

@@ -19,7 +19,7 @@ DAY_MS = 24 * 60 * 60 * 1000
 class TopicSpec:
     name: str
     direction: str  # "in" | "out"
-    key: str  # what the UTF-8 string key is
+    key: str  # what the UTF-8 string key is: the value field(s) it is taken from, "/"-joined
     value_schema: str  # stem of schemas/<value_schema>.avsc
     cleanup_policy: str  # "delete" | "compact" | "compact,delete"
     description: str
@@ -45,9 +45,9 @@ _TOPICS: tuple[TopicSpec, ...] = (
               "Candidate memories to consolidate."),
     TopicSpec("memory.turns.v1", "in", "motebit_id", "user_turn", "delete",
               "One user turn (and the agent reply) for the missed-memory audit."),
-    TopicSpec("session.events.v1", "in", "session_id", "session_event", "delete",
+    TopicSpec("session.events.v1", "in", "sessionId", "session_event", "delete",
               "Session log events, including compaction/*."),
-    TopicSpec("graph.events.v1", "in", "graph_id", "graph_event", "delete",
+    TopicSpec("graph.events.v1", "in", "graphId", "graph_event", "delete",
               "Graph engine event records (shipped from graph-events-*.ndjson)."),
     TopicSpec("negotiator.requests.v1", "in", "user_id", "negotiator_request", "delete",
               "Negotiator remember / forget requests."),
@@ -61,9 +61,9 @@ _TOPICS: tuple[TopicSpec, ...] = (
               "Instruction-form entries held at the exposure gate."),
     TopicSpec("memory.analytics.v1", "out", "motebit_id", "analytics_window", "compact,delete",
               "Windowed activity aggregates.", retention_ms=30 * DAY_MS),
-    TopicSpec("session.compactions.v1", "out", "session_id", "compaction_ledger", "compact",
+    TopicSpec("session.compactions.v1", "out", "sessionId", "compaction_ledger", "compact",
               "Per-session compaction ledger."),
-    TopicSpec("graph.state.v1", "out", "graph_id", "graph_state", "compact",
+    TopicSpec("graph.state.v1", "out", "graphId", "graph_state", "compact",
               "Per-graph execution state."),
     TopicSpec("negotiator.replies.v1", "out", "user_id", "negotiator_reply", "delete",
               "Results of remember / forget."),

@@ -1,4 +1,5 @@
-"""Keeps README.md's generated tables (topic catalog, settings) equal to the code.
+"""Keeps the generated tables of README.md (topic catalog, settings) and docs/contract.md
+(limit error classes, session rule ids) equal to the code.
 
 `python -m streams.readme` rewrites them in place; `tests/test_docs.py` fails when they differ.
 """
@@ -12,6 +13,7 @@ from . import catalog
 from .settings import Settings
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+CONTRACT = README.parent / "docs" / "contract.md"
 
 
 def settings_table() -> str:
@@ -21,11 +23,33 @@ def settings_table() -> str:
     return "\n".join(rows)
 
 
+def limit_codes_table() -> str:
+    """`limit.<name>` error classes with their settings (the skew limit's error class is `invalid_time`)."""
+    from dataclasses import fields
+
+    from .core.limits import Limits, setting_name
+
+    rows = ["| error_class | setting | default |", "|---|---|---|"]
+    for f in fields(Limits):
+        if f.name.startswith("max_") and f.name != "max_future_skew_ms":
+            rows.append(f"| `limit.{f.name[len('max_'):]}` | `{setting_name(f.name)}` | {f.default} |")
+    return "\n".join(rows)
+
+
+def session_rules_table() -> str:
+    from .sessions.lifecycle import RULES
+
+    rows = ["| error_class | meaning |", "|---|---|"]
+    rows += [f"| `{rule}` | {meaning} |" for rule, meaning in RULES.items()]
+    return "\n".join(rows)
+
+
 SECTIONS = {"catalog": lambda: catalog.markdown_table(Settings()), "settings": settings_table}
+CONTRACT_SECTIONS = {"limit-codes": limit_codes_table, "session-rules": session_rules_table}
 
 
-def render(text: str) -> str:
-    for name, make in SECTIONS.items():
+def render(text: str, sections: dict = SECTIONS) -> str:
+    for name, make in sections.items():
         pattern = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
         text = pattern.sub(lambda m: m.group(1) + make() + "\n" + m.group(2), text)
     return text
@@ -33,4 +57,5 @@ def render(text: str) -> str:
 
 if __name__ == "__main__":
     README.write_text(render(README.read_text()))
-    print(f"updated {README}")
+    CONTRACT.write_text(render(CONTRACT.read_text(), CONTRACT_SECTIONS))
+    print(f"updated {README} and {CONTRACT}")

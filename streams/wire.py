@@ -9,7 +9,15 @@ Values (one ``ValueCodec`` per schema stem, built by a ``CodecFactory``):
 * Avro single-object encoding, written when no registry is configured:
   ``0xC3 0x01`` + 8-byte CRC-64-AVRO fingerprint (little-endian, as the Avro spec says) + body.
 
-Decoding accepts both, always. The writer schema is found by schema id (cached; an id this process
+Decoding accepts both, always, and a third framing it never writes:
+
+* Apicurio Registry's serializer with headers (``apicurio.registry.headers.enabled=true``, the
+  default of its 2.x serde): the schema reference rides in record headers — ``apicurio.value.globalId``
+  or ``apicurio.value.contentId``, each an 8-byte big-endian long — and the value is the raw Avro
+  body (no magic byte). ``ValueCodec.decode_message(value, headers)`` reads it; a contentId is the id
+  the Confluent-compatible API serves, a globalId is looked up in Apicurio's own API
+  (``/apis/registry/v2/ids/globalIds/<id>``, beside the ``/apis/ccompat/...`` URL configured).
+ The writer schema is found by schema id (cached; an id this process
 has not seen is fetched from the registry once) or by fingerprint (the current and every released
 version under ``schemas/``), and the body is resolved into the current schema (Avro schema
 resolution: defaults fill missing fields, unknown enum symbols read as the enum's default).
@@ -34,7 +42,9 @@ from __future__ import annotations
 import enum
 import io
 import json
-from typing import Any, Iterable, Mapping
+import urllib.error
+import urllib.request
+from typing import Any, Callable, Iterable, Mapping
 
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -101,6 +111,10 @@ class InvalidKeyError(WireFormatError):
     """A key that is not a UTF-8 string."""
 
 
+class ApicurioHeaderError(WireFormatError):
+    """Apicurio serde headers that cannot be read: an id header that is not 8 bytes, a JSON body encoding."""
+
+
 class RegistryError(RuntimeError):
     """The Schema Registry is unreachable or refused a request, or a schema was never registered."""
 
@@ -149,8 +163,11 @@ def detect_format(data: bytes) -> WireFormat:
 class CodecFactory:
     """Builds the value codecs of one process and owns what they share: schemas, registry ids, caches."""
 
+    registry_url = ""  # set by from_url; Apicurio's own API (globalId headers) is found beside it
+
     def __init__(self, registry: SchemaRegistryClient | None = None, schema_set: SchemaSet | None = None) -> None:
         self.registry = registry
+        self.apicurio = ApicurioIds(self)
         self.schema_set = schema_set or schemas.default()
         self._ids_by_stem: dict[str, int] = {}
         self._writers_by_id: dict[int, SchemaVersion] = {}
@@ -162,7 +179,9 @@ class CodecFactory:
         """A factory for a registry URL (``mock://...`` gives an in-process mock); empty = no registry."""
         # a bounded timeout: the client's default waits forever on a registry that hangs
         registry = SchemaRegistryClient.new_client({"url": registry_url, "timeout": REGISTRY_TIMEOUT_S}) if registry_url else None
-        return cls(registry, schema_set)
+        factory = cls(registry, schema_set)
+        factory.registry_url = registry_url
+        return factory
 
     @property
     def default_format(self) -> WireFormat:
@@ -359,6 +378,14 @@ class ValueCodec:
             start = _SINGLE_OBJECT_HEADER
         return self._read_body(data, start, writer)
 
+    def decode_message(self, data: bytes, headers: Headers = None) -> dict[str, Any]:
+        """A record from a Kafka message's value and headers: Apicurio's header framing (raw Avro
+        body) when an ``apicurio.value.globalId`` / ``contentId`` header is present, else ``decode``."""
+        reference = apicurio_reference(headers)
+        if reference is None:
+            return self.decode(data)
+        return self._read_body(data, 0, self.factory.apicurio.writer(*reference))
+
     def _read_body(self, data: bytes, start: int, writer: SchemaVersion) -> dict[str, Any]:
         body = io.BytesIO(data)
         body.seek(start)
@@ -426,3 +453,106 @@ def _describe(schema: Any) -> str:
 
 def _shortened(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
+# ------------------------------------------------------------------- Apicurio: schema id in headers
+APICURIO_GLOBAL_ID = "apicurio.value.globalId"
+APICURIO_CONTENT_ID = "apicurio.value.contentId"
+APICURIO_ENCODING = "apicurio.value.encoding"
+_APICURIO_ID_BYTES = 8  # Java's ByteBuffer.putLong: a big-endian signed long
+
+Headers = Mapping[str, bytes] | Iterable[tuple[str, bytes | None]] | None
+
+
+def apicurio_reference(headers: Headers) -> tuple[str, int] | None:
+    """``("globalId" | "contentId", id)`` from the headers Apicurio's serializer writes, or None.
+
+    ``headers`` as Kafka clients give them: (name, value) pairs (the last of a name wins, as Java's
+    ``Headers.lastHeader``) or a mapping. A globalId wins over a contentId (Apicurio's deserializer
+    resolves it first). An ``apicurio.value.encoding`` other than ``BINARY`` is refused: memstream
+    reads Avro's binary encoding only.
+    """
+    if not headers:
+        return None
+    found = dict(headers.items() if isinstance(headers, Mapping) else headers)
+    name = APICURIO_GLOBAL_ID if APICURIO_GLOBAL_ID in found else APICURIO_CONTENT_ID
+    if name not in found:
+        return None
+    encoding = found.get(APICURIO_ENCODING)
+    if encoding is not None and bytes(encoding).strip().upper() != b"BINARY":
+        raise ApicurioHeaderError(
+            f"{APICURIO_ENCODING} is {bytes(encoding)[:20]!r}: memstream reads Avro binary only "
+            "(set apicurio.registry.avro.encoding=BINARY on the producer)")
+    raw = found[name]
+    if raw is None or len(raw) != _APICURIO_ID_BYTES:
+        size = "no value" if raw is None else f"{len(raw)} bytes"
+        raise ApicurioHeaderError(f"header {name} has {size}; Apicurio writes an 8-byte big-endian long")
+    return name.rsplit(".", 1)[1], int.from_bytes(raw, "big", signed=True)
+
+
+def apicurio_api_url(registry_url: str) -> str | None:
+    """Apicurio's own REST API (v2, served by Apicurio 2.x and 3.x) beside a ``.../apis/ccompat/...``
+    URL; None when the URL is not an Apicurio ccompat URL (a Confluent registry, a mock)."""
+    base, found, _ = registry_url.partition("/apis/ccompat/")
+    return f"{base}/apis/registry/v2" if found and base.startswith(("http://", "https://")) else None
+
+
+class ApicurioIds:
+    """Writer schemas of Apicurio header references, cached; an id that names nothing is remembered too.
+
+    A contentId is the id Apicurio's Confluent-compatible API serves, so it goes through
+    ``CodecFactory.writer_by_id``. A globalId (one per artifact version) is fetched from Apicurio's
+    own API by ``fetch`` (``globalId -> schema text``; by default over HTTP beside the registry URL).
+    """
+
+    def __init__(self, factory: "CodecFactory", fetch: Callable[[int], str] | None = None) -> None:
+        self.factory = factory
+        self.fetch = fetch or self._fetch_over_http
+        self._by_global_id: dict[int, SchemaVersion | WireFormatError] = {}  # bounded: _REFUSED_IDS_KEPT
+
+    def writer(self, kind: str, schema_id: int) -> SchemaVersion:
+        if kind == "contentId":
+            return self.factory.writer_by_id(schema_id)
+        if schema_id not in self._by_global_id:
+            self._by_global_id[schema_id] = self._lookup(schema_id)
+        outcome = self._by_global_id[schema_id]
+        if isinstance(outcome, WireFormatError):  # remembered: bad data is not one request per record
+            raise type(outcome)(str(outcome))
+        return outcome
+
+    def _lookup(self, global_id: int) -> SchemaVersion | WireFormatError:
+        """The writer of a globalId, or the data error it names (RegistryError propagates: retried)."""
+        if len(self._by_global_id) >= _REFUSED_IDS_KEPT:
+            self._by_global_id.clear()
+        try:
+            return self._parse(global_id, self.fetch(global_id))
+        except WireFormatError as exc:
+            return exc
+
+    def _parse(self, global_id: int, text: str) -> SchemaVersion:
+        try:
+            version = SchemaVersion.from_source(json.loads(text), "registry", f"globalId {global_id}")
+        except Exception as exc:
+            raise IncompatibleSchemaError(
+                f"Apicurio globalId {global_id} is not an Avro schema: {_shortened(str(exc))}") from exc
+        if not isinstance(version.parsed, dict) or version.parsed.get("type") != "record":
+            raise IncompatibleSchemaError(f"Apicurio globalId {global_id} is not an Avro record schema")
+        return self.factory.schema_set.by_fingerprint.get(version.fingerprint, version)
+
+    def _fetch_over_http(self, global_id: int) -> str:
+        api = apicurio_api_url(self.factory.registry_url)
+        if api is None:
+            raise UnknownSchemaIdError(
+                f"record names Apicurio globalId {global_id}, which only Apicurio Registry's own API resolves, "
+                f"and the registry URL {self.factory.registry_url or '(none)'!r} is not an Apicurio "
+                "/apis/ccompat/ URL (configure the producer with apicurio.registry.use-id=contentId)")
+        url = f"{api}/ids/globalIds/{global_id}"
+        try:
+            with urllib.request.urlopen(url, timeout=15) as answer:
+                return answer.read().decode("utf-8")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                raise UnknownSchemaIdError(f"Apicurio globalId {global_id} is not in the registry ({url})") from exc
+            raise RegistryError(f"fetching Apicurio globalId {global_id} failed: HTTP {exc.code}") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RegistryError(f"fetching Apicurio globalId {global_id} failed: {type(exc).__name__}: {exc}") from exc

@@ -65,7 +65,7 @@ def test_run_check_prints_one_line_per_schema_version():
     lines = out.getvalue().splitlines()
     for stem in schemas.default().current:
         assert any(line.split()[:2] == [stem, "v1"] and line.endswith("BACKWARD ok  FORWARD ok") for line in lines)
-    assert lines[-1] == "15 schemas, 16 released versions: compatible (0 problems)"
+    assert lines[-1] == "15 schemas, 17 released versions: compatible (0 problems)"
 
 
 # ------------------------------------------------------------------------------ incompatible changes
@@ -124,13 +124,26 @@ def test_added_union_branch_breaks_forward(tmp_path):
                 {"name": "node_id", "type": "string", "doc": "n"}]})
 
     edit(root / "memory_event.avsc", add_payload)
-    assert kinds(compat.check(root)) == {("memory_event", "v1", FORWARD)}
+    assert kinds(compat.check(root)) == {("memory_event", "v1", FORWARD), ("memory_event", "v2", FORWARD)}
 
 
 def test_changed_type_breaks_both_directions(tmp_path):
     root = copy_schemas(tmp_path)
     edit(root / "memory_event.avsc", lambda s: field(s, "version_clock").update(type="string"))
-    assert kinds(compat.check(root)) == {("memory_event", "v1", BACKWARD), ("memory_event", "v1", FORWARD)}
+    assert kinds(compat.check(root)) == {("memory_event", v, d) for v in ("v1", "v2") for d in (BACKWARD, FORWARD)}
+
+
+def test_the_input_reference_is_a_compatible_addition_only_with_its_default(tmp_path):
+    """memory_event v2 added `caused_by` (null default): v1 readers and writers stay compatible;
+    the same field without its default would break reading v1 data."""
+    released_v1 = json.loads((REPO_SCHEMAS / "released" / "memory_event" / "v1.avsc").read_text())
+    assert "caused_by" not in [f["name"] for f in released_v1["fields"]]
+    assert compat.check() == []
+    root = copy_schemas(tmp_path)
+    edit(root / "memory_event.avsc", lambda s: field(s, "caused_by").pop("default"))
+    problems = compat.check(root)
+    assert ("memory_event", "v1", BACKWARD) in kinds(problems)
+    assert ("memory_event", "v1", FORWARD) not in kinds(problems)
 
 
 def test_nested_change_in_a_rare_branch_is_found(tmp_path):

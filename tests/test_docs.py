@@ -19,6 +19,16 @@ def test_readme_tables_match_the_code():
         assert f"| `{t.name}` |" in text
 
 
+def test_contract_tables_match_the_code_and_the_docs_stand_alone():
+    text = readme.CONTRACT.read_text()
+    assert readme.render(text, readme.CONTRACT_SECTIONS) == text, \
+        "docs/contract.md tables are stale: run `python -m streams.readme`"
+    for doc in [readme.README, *sorted((ROOT / "docs").glob("*.md"))]:  # a clone has no ../shared/
+        assert "shared/SPEC" not in doc.read_text(), doc
+    for t in catalog.topics():
+        assert f"`{t.name}`" in text or t.name in text, t.name
+
+
 def test_asyncapi_document_has_every_topic_with_its_binding():
     doc = json.loads(asyncapi.render(Settings(partitions=3)))
     assert doc["asyncapi"] == "3.0.0"
@@ -58,3 +68,15 @@ def test_docker_compose_registry_keeps_its_storage_in_the_catalogs_topics():
     assert env["APICURIO_STORAGE_KIND"] == "kafkasql"
     for t in catalog.REGISTRY_TOPICS:  # Quarkus maps apicurio.a.b to APICURIO_A_B
         assert env[t.apicurio_property.upper().replace(".", "_")] == t.name
+
+
+def test_every_key_column_names_fields_of_the_value_schema():
+    """The catalog's key (and so README's key column) names the record fields the key is taken
+    from, spelled as the schema spells them (`sessionId`, not `session_id`)."""
+    from streams import schemas
+
+    for t in catalog.topics():
+        if t.key == "original key":  # the DLQ keeps the failed record's own key
+            continue
+        fields = {f["name"] for f in schemas.parsed(t.value_schema)["fields"]}
+        assert set(t.key.split("/")) <= fields, (t.name, t.key, sorted(fields))

@@ -14,7 +14,8 @@ REPO_SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 
 # Top-level field names exactly as docs/records.md names them.
 FIELDS = {
-    "memory_event": ["event_id", "motebit_id", "device_id", "timestamp", "version_clock", "event_type", "payload"],
+    "memory_event": ["event_id", "motebit_id", "device_id", "timestamp", "version_clock", "event_type", "payload",
+                     "caused_by"],
     "candidate_memory": ["candidate_id", "motebit_id", "content", "sensitivity", "source", "memory_type", "confidence",
                          "valid_from", "timestamp", "embedding", "frontmatter_type", "extra", "supersedes", "kind",
                          "session_id"],

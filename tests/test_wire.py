@@ -22,6 +22,7 @@ FORMED = {
     "payload": {"node_id": "n-1", "content": "prefers tea", "sensitivity": "personal", "source": "user_stated",
                 "redacted": None, "redacted_sensitivity": None, "redacted_reason": None,
                 "valid_from": None, "valid_until": None},
+    "caused_by": None,
 }
 DELETED = {**FORMED, "event_id": "ev-2", "event_type": "memory_deleted", "payload": {"node_id": "n-1"}}
 

@@ -11,7 +11,8 @@ from streams import faust_codecs, schemas, wire
 from streams.wire import CodecFactory
 
 DELETED = {"event_id": "ev-2", "motebit_id": "mb-1", "device_id": None, "timestamp": 1, "version_clock": 1,
-           "event_type": "memory_deleted", "payload": {"node_id": "n-1"}}
+           "event_type": "memory_deleted", "payload": {"node_id": "n-1"},
+           "caused_by": {"kind": "event", "id": "ev-1"}}
 
 
 @pytest.fixture(scope="module")

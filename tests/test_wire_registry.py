@@ -17,6 +17,7 @@ FORMED = {
     "payload": {"node_id": "n-1", "content": "prefers tea", "sensitivity": "personal", "source": "user_stated",
                 "redacted": None, "redacted_sensitivity": None, "redacted_reason": None,
                 "valid_from": None, "valid_until": None},
+    "caused_by": None,
 }
 
 

@@ -57,6 +57,7 @@ from ..analytics import classify_outcome
 from ..core.audit import audit_turn
 from ..core.limits import quote
 from ..core.housekeeping import HousekeepingPolicy, sweep_memory
+from ..core.ids import NEGOTIATOR_REQUEST, input_reference
 from ..core.ingest import REDACTED_CONTENT, time_problem, validate_turn
 from ..core.limits import LimitExceeded, check_id, id_problem
 from ..core.negotiator import (
@@ -370,7 +371,8 @@ def register(rt: "Runtime") -> None:
             deletion = {"event_id": event_id_for(key, f"{request['request_id']}/{node_id}", "memory_deleted"),
                         "motebit_id": key, "device_id": None, "timestamp": int(request["timestamp"]),
                         "version_clock": um.next_clock(), "event_type": "memory_deleted",
-                        "payload": {"node_id": node_id}}
+                        "payload": {"node_id": node_id},
+                        "caused_by": input_reference(NEGOTIATOR_REQUEST, request["request_id"])}
             await emit(key, um, process_event(um, deletion, consolidation, promotion))
         waiter = pending_replies.pop(request["request_id"], None)
         if waiter is not None and not waiter.done():

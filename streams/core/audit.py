@@ -56,7 +56,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from .ids import event_id_for
+from .ids import TURN, event_id_for, input_reference
 from .similarity import has_negation, normalize_text, text_similarity
 
 TURN_MESSAGE_MAX_CHARS = 200
@@ -278,6 +278,7 @@ def audit_event(
             "missed_patterns": list(findings),
             "turn_message": cap_turn_message(turn.get("user_message") or "", policy.turn_message_max_chars),
         },
+        "caused_by": input_reference(TURN, turn["turn_id"]),
     }
 
 

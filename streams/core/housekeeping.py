@@ -49,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from .ids import event_id_for
+from .ids import HOUSEKEEPING, event_id_for, input_reference
 from .nodes import (
     DAY_MS,
     decayed_confidence,
@@ -172,6 +172,7 @@ def deletion_event(motebit_id: str, node_id: str, now_ms: int, version_clock: in
         "version_clock": int(version_clock),
         "event_type": "memory_deleted",
         "payload": {"node_id": node_id},
+        "caused_by": input_reference(HOUSEKEEPING, node_id),
     }
 
 

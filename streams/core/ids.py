@@ -53,3 +53,24 @@ def event_id_for(motebit_id: str, source_id: str, event_type: str) -> str:
 
 def quarantine_id_for(motebit_id: str, candidate_id: str) -> str:
     return derive_id(motebit_id, candidate_id, "quarantine")
+
+
+# ----------------------------------------------------------------------- linking outputs to inputs
+#: ``InputReference.kind`` values (schemas/memory_event.avsc ``caused_by``).
+CANDIDATE = "candidate"
+EVENT = "event"
+TURN = "turn"
+NEGOTIATOR_REQUEST = "negotiator_request"
+HOUSEKEEPING = "housekeeping"
+
+
+def input_reference(kind: str, source_id: str) -> dict[str, str]:
+    """The ``caused_by`` value of an event derived from input ``source_id`` of ``kind``."""
+    return {"kind": kind, "id": source_id}
+
+
+def link_to_input(events: list[dict], kind: str, source_id: str) -> None:
+    """Stamp ``caused_by`` on derived events that carry none yet (in place)."""
+    for event in events:
+        if event.get("caused_by") is None:
+            event["caused_by"] = input_reference(kind, source_id)

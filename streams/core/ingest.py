@@ -203,6 +203,17 @@ def _opt_label(d: Mapping[str, Any], key: str, limits: Limits) -> str | None:
     return None if v is None else check_chars(key, v, limits, "max_label_chars")
 
 
+def _caused_by(raw: Mapping[str, Any], limits: Limits) -> dict[str, str] | None:
+    """An event's ``caused_by`` input reference (kind a label, id an id), kept as it came; None when absent."""
+    ref = raw.get("caused_by")
+    if ref is None:
+        return None
+    if not isinstance(ref, Mapping):
+        raise Invalid("invalid_caused_by", "caused_by must be a record {kind, id}")
+    kind = check_chars("caused_by.kind", _req_str(ref, "kind", "invalid_caused_by"), limits, "max_label_chars")
+    return {"kind": kind, "id": check_id("caused_by.id", _req_str(ref, "id", "invalid_caused_by"), limits)}
+
+
 def _text(key: str, v: str, limits: Limits) -> str:
     return check_bytes(key, v, limits, "max_text_bytes")
 
@@ -441,6 +452,7 @@ def validate_event(raw: Any, limits: Limits = DEFAULT_LIMITS) -> tuple[dict[str,
             "version_clock": _req_int(raw, "version_clock"),
             "event_type": event_type,
             "payload": _payload(event_type, payload, limits),
+            "caused_by": _caused_by(raw, limits),
         }
         return event, None
     except (Invalid, LimitExceeded) as e:

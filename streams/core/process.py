@@ -23,7 +23,7 @@ from .consolidation import (
     hard_rules,
 )
 from .exposure import exposure_gate, quarantine_entry
-from .ids import node_id_for
+from .ids import CANDIDATE, EVENT, link_to_input, node_id_for
 from .ingest import Rejection, event_sort_key, validate_candidate, validate_event
 from .limits import DEFAULT_LIMITS, Limits
 from .nodes import content_fingerprint, make_node
@@ -163,6 +163,7 @@ def process_candidate(
     if applied.node_id is not None and applied.node_id in memory.live:
         _maybe_promote(memory, memory.live[applied.node_id], ts, promotion, out)
     memory.seen.add(key, ts)
+    link_to_input(out.ledger, CANDIDATE, cand["candidate_id"])
     for e in out.ledger:
         memory.seen.add("e:" + e["event_id"], ts)  # an echo of our own events is a duplicate
     return out
@@ -223,6 +224,7 @@ def process_event(
     memory.observe_clock(ev["version_clock"])
     if memory.last_event_key is None or sort_key > memory.last_event_key:
         memory.last_event_key = sort_key
+    link_to_input(out.ledger, EVENT, ev["event_id"])  # the events it caused (a promotion), not itself
     out.ledger.insert(0, ev)
     return out
 

@@ -187,6 +187,8 @@ def is_tombstone(event: Mapping[str, Any]) -> bool:
 def _envelope(event: Mapping[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
     out = {k: event.get(k) for k in _ENVELOPE}
     out["payload"] = payload
+    if "caused_by" in event:  # the input reference rides along (an id, never content)
+        out["caused_by"] = event["caused_by"]
     return out
 
 
