@@ -20,6 +20,7 @@ decide differently). Timers are slowed down (housekeeping reads the wall clock).
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -179,7 +180,7 @@ class Fleet:
         for name, proc in self.procs.items():
             assert proc.poll() is None, f"worker {name} died; log {self.log_path(name)}"
 
-    def wait_caught_up(self, ends: Offsets, timeout: float = 240) -> None:
+    def wait_caught_up(self, ends: Offsets, timeout: float = 900) -> None:
         deadline = time.monotonic() + timeout
         while (lag := kafkatools.group_lag(self.settings, self.app_id, ends)) > 0:
             self.alive()
@@ -324,6 +325,8 @@ def finish_and_compare(sc: Scenario, fleet: Fleet) -> dict:
 
     assert want.nodes and want.events, "the reference produced nothing: the scenario tests nothing"
     assert not want.dead_letters and not got.dead_letters, (want.dead_letters[:2], got.dead_letters[:2])
+    if got.nodes != want.nodes:
+        _save_diff(sc.tag, got.nodes, want.nodes)
     assert got.nodes == want.nodes, _diff(got.nodes, want.nodes)
     assert got.events.keys() == want.events.keys(), (
         f"missing {sorted(want.events.keys() - got.events.keys())[:5]}, extra {sorted(got.events.keys() - want.events.keys())[:5]}")
@@ -338,8 +341,22 @@ def finish_and_compare(sc: Scenario, fleet: Fleet) -> dict:
     return {"nodes": len(want.nodes), "events": len(want.events), "repeated_events": repeats}
 
 
+def _save_diff(tag: str, got: dict, want: dict) -> None:
+    """Every differing node key with both values, in test-artifacts/diff-<tag>.json: the
+    assertion shows three keys; finding the record that diverged needs them all (each node
+    names the record that formed it: `origin_event_id`)."""
+    keys = _differing(got, want)
+    ARTIFACTS.mkdir(exist_ok=True)
+    rows = [{"key": k, "got": got.get(k, "<absent>"), "want": want.get(k, "<absent>")} for k in keys]
+    (ARTIFACTS / f"diff-{tag}.json").write_text(json.dumps(rows, indent=1))
+
+
+def _differing(got: dict, want: dict) -> list[str]:
+    return sorted(k for k in got.keys() | want.keys() if got.get(k, "<absent>") != want.get(k, "<absent>"))
+
+
 def _diff(got: dict, want: dict) -> str:
-    keys = sorted(k for k in got.keys() | want.keys() if got.get(k, "<absent>") != want.get(k, "<absent>"))
+    keys = _differing(got, want)
     return f"{len(keys)} node keys differ, e.g. {keys[:3]}: got {[got.get(k, '<absent>') for k in keys[:1]]} want {[want.get(k, '<absent>') for k in keys[:1]]}"
 
 
