@@ -69,7 +69,6 @@ import platform
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -364,17 +363,7 @@ class Worker:
 
 
 def free_port() -> int:
-    """A free port below 32768 (above it the kernel hands ports to outgoing connections, which
-    could take the port before the worker binds it)."""
-    for _ in range(200):
-        port = random.randrange(20000, 28000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000..28000")
+    return devstack.free_port(20000, 28000)
 
 
 def worker_env(port: int, store: str, data_dir: Path) -> dict[str, str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import random
 import re
 import shutil
 import signal
@@ -213,6 +214,21 @@ class Service:
 KAFKA = Service("kafka", "kafka.Kafka")
 REGISTRY = Service("registry", "quarkus-run.jar")
 SERVICES = (KAFKA, REGISTRY)
+
+
+def free_port(low: int, high: int) -> int:
+    """A port of [low, high) that nothing on 127.0.0.1 holds now, for a worker's web server
+    (tests, bench). Keep `high` below 32768: above it the kernel hands ports to outgoing
+    connections, which could take the port before the worker binds it."""
+    for _ in range(200):
+        port = random.randrange(low, high)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}..{high}")
 
 
 def _port_free(host: str, port: int) -> bool:

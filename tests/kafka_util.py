@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +16,7 @@ from typing import Callable, Iterator
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from streams import catalog, kafkatools
+from streams import catalog, devstack, kafkatools
 from streams.settings import Settings
 from streams.wire import CodecFactory, InvalidKeyError, decode_key, encode_key
 
@@ -267,20 +265,11 @@ def wait_caught_up(settings: Settings, group: str, topic: str, timeout: float = 
 
 
 def free_port() -> int:
-    """A free port below 32768 (the kernel's ephemeral range starts there: a port it hands to an
-    outgoing connection could be taken before the worker binds it), in this checkout's band."""
+    """A free port below 32768 in this checkout's band (see `devstack.free_port`)."""
     from .conftest import PORT_OFFSET
 
     low = 10000 + PORT_OFFSET * 4
-    for _ in range(200):
-        port = random.randrange(low, low + 8000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {low}..{low + 8000}")
+    return devstack.free_port(low, low + 8000)
 
 
 def log_of(name: str) -> str:
