@@ -19,7 +19,6 @@ import json
 import random
 import time
 import urllib.error
-import urllib.request
 import zlib
 
 import pytest
@@ -33,6 +32,7 @@ from .conftest import TEST_ENV, memstream
 from .kafka_util import candidate, codecs, consume, free_port, produce, worker
 from .test_faults_kafka import INPUTS, TOKEN, _read_range, answers, begin, fleet_for
 from .test_faults_kafka import _stop_every_worker  # noqa: F401 - no worker outlives a test
+from .test_lifecycle_kafka import _http
 
 pytestmark = pytest.mark.kafka
 
@@ -48,19 +48,14 @@ def facts(tag: str, n: int, seed: int) -> list[str]:
 
 
 def request(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-    """An HTTP call as a client makes it: a 503 (partitions moving) is retried."""
+    """An HTTP call as a client makes it: a 503 (partitions moving) or no answer is retried."""
     deadline = time.monotonic() + 90
     while True:
-        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
-                                     data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=60) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            if e.code != 503 or time.monotonic() > deadline:
-                return e.code, json.loads(e.read() or b"{}")
-        except (urllib.error.URLError, ConnectionError):
+            status, answer = _http(method, port, path, TOKEN, body)
+            if status != 503 or time.monotonic() > deadline:
+                return status, answer
+        except (urllib.error.URLError, ConnectionError, ValueError):
             assert time.monotonic() < deadline, f"{method} {path}: no answer"
         time.sleep(1)
 
