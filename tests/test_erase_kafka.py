@@ -91,7 +91,7 @@ def test_erase_a_user_with_a_worker_killed_in_the_middle(stack, unique):
                catalog.MEMORY_ANALYTICS, catalog.DLQ]
     out_start = kafkatools.end_offsets(stack, outputs)
     # one node per step and a long batch wait: the erasure spans many batches, so the kill lands in it
-    fleet = fleet_for(sc, "fleet", MEMSTREAM_ERASE_MAX_NODES_PER_STEP="1", MEMSTREAM_BATCH_WAIT_MS="400",
+    fleet = fleet_for(sc, "fleet", MEMSTREAM_ERASE_MAX_NODES_PER_STEP="1", MEMSTREAM_BATCH_WAIT_MS="600",
                       MEMSTREAM_STANDBY_REPLICAS="0")
     produce(stack, catalog.MEMORY_CANDIDATES, items)
     produce(stack, catalog.NEGOTIATOR_REQUESTS, negotiator)
@@ -109,8 +109,11 @@ def test_erase_a_user_with_a_worker_killed_in_the_middle(stack, unique):
 
     status, accepted = request(port, "POST", f"/v1/memory/{victim}/erase", {"requestId": f"gdpr-{unique}"})
     assert (status, accepted["request_id"]) == (202, f"gdpr-{unique}")
-    consume(stack, catalog.MEMORY_LEDGER, lambda out: any(
-        m["key"] == victim and m["value"]["event_type"] == "memory_deleted" for m in out), timeout=120)
+    deadline = time.monotonic() + 120  # the first step's deletions are out: kill now
+    while not any(r and r["event_type"] == "memory_deleted"
+                  for r in records_of(stack, catalog.MEMORY_LEDGER, out_start, victim)):
+        assert time.monotonic() < deadline, "the erasure never started"
+        time.sleep(0.2)
     fleet.kill("a")  # SIGKILL in the middle of the erasure: no flush, no commit
     mid = records_of(stack, catalog.ERASE_RECEIPTS, out_start, victim)
     assert mid == [], "the erasure had finished before the kill: the test did not crash it in the middle"
