@@ -22,10 +22,10 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
 
 import faust
-from aiokafka.partitioner import murmur2
 
 from . import catalog, deadletter, effects, faust_codecs
 from .analytics import classify_dead_letter
+from .core.partitioning import misrouted, partition_for
 from .http import PartitionRouter, ServerLimits, api_view, install_server_limits, parse_tokens
 from .metrics import Metrics
 from .rebalance import RebalanceSafeConsumer
@@ -113,6 +113,8 @@ class Runtime:
         self.metrics = Metrics()
         # set by the analytics agent; other agents call it with classified increments
         self.feed_analytics: Callable[[Any], None] = lambda increments: None
+        # set by the analytics agent: stage the removal of a subject's analytics row (an erasure)
+        self.erase_analytics: Callable[[str], None] = lambda subject: None
         self._dlq_index: dict[tuple[str, int], tuple[int, int]] = {}
         self.tables: dict[str, faust.types.TableT] = {}
         #: (name, partitions, retention ms) of the internal topics: the worker creates them first
@@ -169,7 +171,7 @@ class Runtime:
 
     def partition_of(self, key: str) -> int:
         """The partition of a UTF-8 key in every catalog topic (murmur2, as the Java client)."""
-        return (murmur2(key.encode()) & 0x7FFFFFFF) % self.settings.partitions
+        return partition_for(key.encode(), self.settings.partitions)
 
     def ticks(self, name: str, owner_topic: str, handler: Callable[[int, int], Awaitable[None]],
               cache: effects.DerivedCache | None = None, lock: asyncio.Lock | None = None) -> None:
@@ -254,6 +256,10 @@ class Runtime:
         False when the handler failed unexpectedly (its partial effects must be discarded)."""
         msg = event.message
         self.count(f"in:{msg.topic}")
+        wrong = misrouted(msg.topic, msg.key, msg.partition, self.settings.partitions)
+        if wrong is not None:  # its rows would land in another partition's changelog (issue 15)
+            await self.dead_letter(event, deadletter.STAGE_VALIDATE, f"{wrong.code}: {wrong.detail}", wrong.code)
+            return True
         try:
             key = decode_key(msg.key)
             record = await self._decode(msg.topic, msg.value, msg.headers)

@@ -51,6 +51,8 @@ _TOPICS: tuple[TopicSpec, ...] = (
               "Graph engine event records (shipped from graph-events-*.ndjson)."),
     TopicSpec("negotiator.requests.v1", "in", "user_id", "negotiator_request", "delete",
               "Negotiator remember / forget requests."),
+    TopicSpec("memory.erase-requests.v1", "in", "motebit_id", "erase_request", "delete",
+              "Requests to erase a user (`memstream erase`, POST /v1/memory/{motebit_id}/erase) and their continuation steps."),
     TopicSpec("memory.ledger.v1", "out", "motebit_id", "memory_event", "delete",
               "Every accepted memory event in order, incl. derived ones."),
     TopicSpec("memory.relay.v1", "out", "motebit_id", "memory_event", "delete",
@@ -74,6 +76,9 @@ _TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("security.audit.v1", "out", "motebit_id", "access_audit", "delete",
               "Every relay-threshold change made through the HTTP API: token name, old -> new, when; never content.",
               retention_ms=365 * DAY_MS),
+    TopicSpec("memory.erase-receipts.v1", "out", "motebit_id", "erasure_receipt", "delete",
+              "One receipt per erased user: what was removed (ids and counts, never content).",
+              retention_ms=365 * DAY_MS),
 )
 
 TOPICS: dict[str, TopicSpec] = {t.name: t for t in _TOPICS}
@@ -85,6 +90,7 @@ MEMORY_TURNS = "memory.turns.v1"
 SESSION_EVENTS = "session.events.v1"
 GRAPH_EVENTS = "graph.events.v1"
 NEGOTIATOR_REQUESTS = "negotiator.requests.v1"
+ERASE_REQUESTS = "memory.erase-requests.v1"
 MEMORY_LEDGER = "memory.ledger.v1"
 MEMORY_RELAY = "memory.relay.v1"
 MEMORY_NODES = "memory.nodes.v1"
@@ -96,6 +102,7 @@ NEGOTIATOR_REPLIES = "negotiator.replies.v1"
 DLQ = "pipeline.dlq.v1"
 SHIPPER_POSITIONS = "shipper.positions.v1"
 SECURITY_AUDIT = "security.audit.v1"
+ERASE_RECEIPTS = "memory.erase-receipts.v1"
 
 
 @dataclass(frozen=True)

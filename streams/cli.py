@@ -25,6 +25,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from .shipper import ShipperError
 
     errors.append(ShipperError)
+    from .erase import EraseError
+
+    errors.append(EraseError)
     try:
         from .wire import WireFormatError
 
@@ -171,6 +174,12 @@ def _dlq(args: argparse.Namespace, s: Settings) -> int:
     return _ops_call(run)
 
 
+def _erase(args: argparse.Namespace, s: Settings) -> int:
+    from .erase import erase
+
+    return erase(s, args.motebit_id, request_id=args.request_id, wait_s=args.wait)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "dev": _dev,
     "topics": _topics,
@@ -183,6 +192,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "ship-graph-logs": _ship_graph_logs,
     "status": _status,
     "dlq": _dlq,
+    "erase": _erase,
 }
 
 
@@ -261,6 +271,13 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--topic", help="only dead letters from this original topic")
     rep.add_argument("--stage", help="only this stage")
     rep.add_argument("--dry-run", action="store_true", help="list what would be replayed; send nothing")
+
+    er = sub.add_parser("erase", help="erase a user: every memory node, negotiator memory, relay policy and analytics "
+                        "row (the pipeline applies it and writes a receipt to memory.erase-receipts.v1)")
+    er.add_argument("motebit_id", help="the user to erase")
+    er.add_argument("--request-id", help="id of this erasure (default: a new UUID); resending the same id is safe")
+    er.add_argument("--wait", type=float, metavar="SECONDS", nargs="?", const=120.0,
+                    help="wait for the receipt and print it (default 120 s when given without a value)")
     return p
 
 

@@ -55,7 +55,8 @@ docs/state.md has the same list):
 
 - ``analytics``: updates. Writers: the analytics feed (`Runtime.feed_analytics`), called from
   the memory agent's batches, the memory housekeeping tick, the session agent, the graph agent
-  and every dead letter (`Runtime.dead_letter`, any agent); and the analytics publish tick.
+  and every dead letter (`Runtime.dead_letter`, any agent); the analytics publish tick; and an
+  erasure's last step (`Runtime.erase_analytics`, an update that returns DELETE).
 - ``memory-state``: one lock (``MemoryStore.lock``): the memory agent and the memory
   housekeeping tick.
 - ``graph-state``: one lock (the graph module's): the graph agent and the graph stall tick.

@@ -41,7 +41,8 @@ KINDS = {"no_token": None, "wrong_token": "nope", "low_level": "lo", "high_level
          "missing_scope": "ns"}
 OPEN = {"/health", "/health/ready", "/health/live", "/metrics", "/dashboard"}
 SCOPED = {("PUT", "/v1/relay/{motebit_id}/threshold"), ("POST", "/v1/negotiator/{user_id}/remember"),
-          ("POST", "/v1/negotiator/{user_id}/forget"), ("GET", "/v1/cluster/assignment")}
+          ("POST", "/v1/negotiator/{user_id}/forget"), ("GET", "/v1/cluster/assignment"),
+          ("POST", "/v1/memory/{motebit_id}/erase")}
 #: routes that are one user's (a bound token may use them for its users)
 USER_PARAMS = ("{motebit_id}", "{user_id}")
 

@@ -56,6 +56,7 @@ from fastavro import parse_schema, schemaless_writer
 
 from streams import catalog
 from streams.core.audit import audit_turn
+from streams.core.erasure import erase_request
 from streams.core.ids import event_id_for
 from streams.graphs import samples as graph_samples
 from streams.graphs import state as graph_state
@@ -75,7 +76,8 @@ SCHEMA_OF = {t: catalog.topic(t).value_schema for t in INPUTS}
 # for "another topic's schema": each input topic gets records of a different input's schema
 FOREIGN = {catalog.MEMORY_CANDIDATES: catalog.GRAPH_EVENTS, catalog.MEMORY_EVENTS: catalog.MEMORY_CANDIDATES,
            catalog.MEMORY_TURNS: catalog.MEMORY_EVENTS, catalog.NEGOTIATOR_REQUESTS: catalog.MEMORY_TURNS,
-           catalog.SESSION_EVENTS: catalog.NEGOTIATOR_REQUESTS, catalog.GRAPH_EVENTS: catalog.SESSION_EVENTS}
+           catalog.SESSION_EVENTS: catalog.NEGOTIATOR_REQUESTS, catalog.GRAPH_EVENTS: catalog.SESSION_EVENTS,
+           catalog.ERASE_REQUESTS: catalog.MEMORY_TURNS}
 WITHHELD = {"deleted_content", "deleted_node"}  # dead letters that must not carry the value
 
 
@@ -208,6 +210,9 @@ class DataSet:
             return u, turn(u, f"{self.unique}-base-{i}", ts, "Hello there.")
         if topic == catalog.NEGOTIATOR_REQUESTS:
             return u, negotiator_request(u, f"{self.unique}-base-{i}", ts)
+        if topic == catalog.ERASE_REQUESTS:  # a user of its own: a base is never applied, but never erase the stream's
+            eraser = f"mb-bad-{self.unique}-erase"
+            return eraser, erase_request(eraser, f"{self.unique}-base-{i}", ts, "test")
         if topic == catalog.SESSION_EVENTS:
             sid = f"s-bad-{self.unique}-{i % 7}"
             return sid, session_event(sid, 1, ts)

@@ -43,6 +43,12 @@ FIELDS = {
     "shipper_position": ["shipper", "file", "inode", "offset", "committed_at"],
     "access_audit": ["audit_id", "motebit_id", "action", "token_name", "old_value", "new_value", "requested_at",
                      "applied_at", "worker"],
+    "erase_request": ["request_id", "motebit_id", "timestamp", "requested_by", "step", "nodes_erased", "node_ids",
+                      "node_ids_digest"],
+    "erasure_receipt": ["receipt_id", "request_id", "motebit_id", "requested_at", "requested_by", "nodes_erased",
+                        "node_ids", "node_ids_omitted", "node_ids_digest", "relay_tombstones",
+                        "negotiator_memories_erased", "negotiator_memory_ids", "relay_policy_removed",
+                        "fingerprints_kept", "steps"],
 }
 
 PAYLOAD_FIELDS = {

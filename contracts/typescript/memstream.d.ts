@@ -220,6 +220,60 @@ export interface DeadLetter {
   worker: null | string;
 }
 
+/** A request to erase one user: every memory node (tombstones on memory.nodes.v1, relay tombstones), the negotiator memories, the relay-policy override and the analytics rows; the deleted-content fingerprints are kept so nothing re-forms. Topic memory.erase-requests.v1; key motebit_id. Sent by `memstream erase` or POST /v1/memory/{motebit_id}/erase; the memory agent that owns the user's partition applies it, in order with the user's other records, and writes an ErasureReceipt. A user with more nodes than MEMSTREAM_ERASE_MAX_NODES_PER_STEP is erased in steps: the agent sends the next step to this topic itself (step > 0, with the tallies so far). Never carries memory content. */
+export interface EraseRequest {
+  /** The caller's id of this erasure (an id: [A-Za-z0-9._:@-]); the receipt and every derived id are computed from it, so a re-delivered request yields the same ones. */
+  request_id: string;
+  /** The user to erase (equals the key). */
+  motebit_id: string;
+  /** When the erasure was requested (Unix ms); the time of the memory_deleted events it derives. */
+  timestamp: number;
+  /** Who asked: the HTTP token's name, or `cli` (never a token's secret). */
+  requested_by: string;
+  /** 0 for the request as sent; n > 0 for the n-th continuation the agent sent itself. */
+  step: number;
+  /** Continuation only: nodes erased by the earlier steps. */
+  nodes_erased: number;
+  /** Continuation only: the node ids erased by the earlier steps, at most MEMSTREAM_ERASE_RECEIPT_MAX_IDS. */
+  node_ids: Array<string>;
+  /** Continuation only: the digest chain over the node ids erased by the earlier steps (see ErasureReceipt.node_ids_digest). */
+  node_ids_digest: string;
+}
+
+/** What an erasure of one user removed: ids and counts, never content. Topic memory.erase-receipts.v1; key motebit_id. Written once per erase request, by the owner of the user's partition, after the last step; a re-processed request (after a crash) writes an identical copy with the same receipt_id. */
+export interface ErasureReceipt {
+  /** UUIDv5 of (motebit_id, request_id, "erasure_receipt") under the project namespace (streams/core/ids.py). */
+  receipt_id: string;
+  /** The EraseRequest this answers. */
+  request_id: string;
+  /** The user erased. */
+  motebit_id: string;
+  /** The request's timestamp (Unix ms). */
+  requested_at: number;
+  /** Who asked (token name or `cli`). */
+  requested_by: string;
+  /** Memory nodes (live and superseded) deleted: each got a null on memory.nodes.v1, a memory_deleted on memory.ledger.v1 and a deletion tombstone on memory.relay.v1. */
+  nodes_erased: number;
+  /** The ids of the nodes deleted, in the order they were deleted (sorted within a step), at most MEMSTREAM_ERASE_RECEIPT_MAX_IDS. */
+  node_ids: Array<string>;
+  /** How many deleted node ids are not listed in node_ids (nodes_erased - len(node_ids)). */
+  node_ids_omitted: number;
+  /** "sha256:<hex>" chained over the steps: d0 = "", d(k+1) = "sha256:" + hex(SHA-256(UTF-8 of d(k) + "\n" + the ids of step k joined by "\n")); lets an auditor check a full list of ids kept elsewhere. */
+  node_ids_digest: string;
+  /** Deletion tombstones sent to memory.relay.v1 (one per node deleted). */
+  relay_tombstones: number;
+  /** Negotiator memories deleted (their ids and content fingerprints stay as forgotten, so a re-delivered remember does not bring one back). */
+  negotiator_memories_erased: number;
+  /** Their ids (at most MEMSTREAM_MAX_NEGOTIATOR_MEMORIES). */
+  negotiator_memory_ids: Array<string>;
+  /** The user had a relay-threshold override and it was removed (the default threshold applies again). */
+  relay_policy_removed: boolean;
+  /** Content fingerprints (SHA-256 of normalized text, no content) of the user's deleted memories that stay recorded so that the same content never forms a node again. */
+  fingerprints_kept: number;
+  /** How many steps the erasure took (1 + the continuations). */
+  steps: number;
+}
+
 /** One graph engine event record (a line of graph-events-{hash}.ndjson). Topic graph.events.v1; key graphId. */
 export interface GraphEvent {
   /** When the event was recorded, Unix ms. */
@@ -716,6 +770,7 @@ export interface TopicValues {
   "session.events.v1": SessionEvent;
   "graph.events.v1": GraphEvent;
   "negotiator.requests.v1": NegotiatorRequest;
+  "memory.erase-requests.v1": EraseRequest;
   "memory.ledger.v1": MemoryEvent;
   "memory.relay.v1": MemoryEvent;
   "memory.nodes.v1": MemoryNode;
@@ -727,6 +782,7 @@ export interface TopicValues {
   "pipeline.dlq.v1": DeadLetter;
   "shipper.positions.v1": ShipperPosition;
   "security.audit.v1": AccessAudit;
+  "memory.erase-receipts.v1": ErasureReceipt;
 }
 export type TopicName = keyof TopicValues;
 export type TopicValue<T extends TopicName> = TopicValues[T];

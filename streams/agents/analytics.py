@@ -86,6 +86,9 @@ def register(rt: "Runtime") -> None:
         return add_to
 
     rt.feed_analytics = feed
+    # an erasure (memory agent) removes the user's row; staged as an update, so it also drops
+    # the increments the same batch fed before it
+    rt.erase_analytics = lambda subject: effects.update(table, subject, lambda _state: effects.DELETE)
 
     async def publish(partition: int, now_ms: int) -> None:
         mine = [(s, st) for s, st in list(table.items())

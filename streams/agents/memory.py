@@ -8,10 +8,11 @@ and a user's state is partition-local):
     memory.events.v1 ───────┐                      ┌─> memory.ledger.v1     (key motebit_id)
     memory.candidates.v1 ───┤                      ├─> memory.relay.v1      (redacted, tombstoned)
     memory.turns.v1 ────────┼─> memory-consolidate ─┼─> memory.nodes.v1      (key motebit_id/node_id, null = deleted)
-    negotiator.requests.v1 ─┘   tables:             ├─> memory.quarantine.v1
-    <app>-memory-housekeeping-ticks (timer)         ├─> negotiator.replies.v1
-                              memory-state          └─> pipeline.dlq.v1
-                              negotiator, relay-policy
+    negotiator.requests.v1 ─┤   tables:             ├─> memory.quarantine.v1
+    memory.erase-requests.v1┘   memory-state        ├─> negotiator.replies.v1
+    <app>-memory-housekeeping-ticks (timer)         ├─> memory.erase-receipts.v1 (and the next step of an erasure)
+                              negotiator,           └─> pipeline.dlq.v1
+                              relay-policy
 
 Durable state: ONE table, `memory-state`, so that all of a user's rows share one changelog
 partition and keep their write order: key `motebit_id` → the user's aux row (clock, the open
@@ -55,6 +56,7 @@ from ..core import (
 )
 from ..analytics import classify_outcome
 from ..core.audit import audit_turn
+from ..core.erasure import ErasurePolicy, erase_request, erase_step, validate_erase_request
 from ..core.limits import quote
 from ..core.housekeeping import HousekeepingPolicy, sweep_memory
 from ..core.ids import NEGOTIATOR_REQUEST, input_reference
@@ -78,9 +80,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memstream.memory")
 
-SOURCES = [catalog.MEMORY_EVENTS, catalog.MEMORY_CANDIDATES, catalog.MEMORY_TURNS, catalog.NEGOTIATOR_REQUESTS]
+SOURCES = [catalog.MEMORY_EVENTS, catalog.MEMORY_CANDIDATES, catalog.MEMORY_TURNS, catalog.NEGOTIATOR_REQUESTS,
+           catalog.ERASE_REQUESTS]
 KEY_FIELD = {catalog.MEMORY_EVENTS: "motebit_id", catalog.MEMORY_CANDIDATES: "motebit_id",
-             catalog.MEMORY_TURNS: "motebit_id", catalog.NEGOTIATOR_REQUESTS: "user_id"}
+             catalog.MEMORY_TURNS: "motebit_id", catalog.NEGOTIATOR_REQUESTS: "user_id",
+             catalog.ERASE_REQUESTS: "motebit_id"}
 NODE_KEY_SEP = "/"
 NEGOTIATOR_SENSITIVITY = "secret"  #: the level negotiator memories are shown at (they carry none)
 STATE_TABLE = "memory-state"  #: motebit_id -> aux row (with `pending`); motebit_id/node_id -> node row
@@ -285,6 +289,8 @@ def register(rt: "Runtime") -> None:
     consolidation, promotion = policies(rt)
     limits = rt.settings.limits()
     retention = HousekeepingPolicy()
+    erasure = ErasurePolicy(max_nodes_per_step=rt.settings.erase_max_nodes_per_step,
+                            max_receipt_ids=rt.settings.erase_receipt_max_ids)
 
     async def apply(event, key: str, record: dict) -> None:
         topic = event.message.topic
@@ -305,6 +311,9 @@ def register(rt: "Runtime") -> None:
             raise Rejected(str(exc), "memory.user_contained", stage=STAGE_APPLY) from None
         if topic == catalog.NEGOTIATOR_REQUESTS:
             await negotiate(key, record, um)
+            return
+        if topic == catalog.ERASE_REQUESTS:
+            await erase(key, record, um)
             return
         if topic == catalog.MEMORY_TURNS:
             out = audit(um, record)
@@ -378,6 +387,40 @@ def register(rt: "Runtime") -> None:
         if waiter is not None and not waiter.done():
             waiter.set_result(reply)
 
+    async def erase(key: str, request: dict, um: UserMemory) -> None:
+        """memory.erase-requests.v1: one step of a user's erasure (streams/core/erasure.py).
+        Outputs first (node nulls, ledger deletions and relay tombstones, the next step or the
+        receipt, the analytics tombstone, the relay-policy removal), rows after (the batch
+        protocol of streams/effects.py), so a crash anywhere repeats the same step."""
+        rej = validate_erase_request(request, limits)
+        if rej is not None:
+            raise Rejected(f"{rej.code}: {rej.detail}", rej.code)
+        step = erase_step(um, request, negotiator_state=effects.read(store.negotiator, key),
+                          relay_override=store.relay_policy.get(key), policy=erasure, limits=limits)
+        if step.duplicate:
+            rt.count(f"duplicate:{catalog.ERASE_REQUESTS}")
+            return
+        await emit(key, um, step.outcome)
+        rt.count("erase:nodes", len(step.outcome.node_deletions))
+        if step.continuation is not None:
+            value = rt.codecs.codec(catalog.topic(catalog.ERASE_REQUESTS).value_schema).encode(step.continuation)
+            effects.record_ack(await rt.inputs[catalog.ERASE_REQUESTS].send(key=key.encode(), value=value))
+            return
+        if step.negotiator_state is not None:
+            effects.write(store.negotiator, key, step.negotiator_state)
+        if step.remove_relay_policy:  # through the relay-policy agent, the table's one writer
+            removal = {"erase": request["request_id"], "token": str(request.get("requested_by") or ""),
+                       "requested_at": int(request["timestamp"]), "worker": rt.worker_name}
+            effects.record_ack(await policy_topic.send(key=key.encode(), value=orjson.dumps(removal)))
+        if step.erase_analytics:
+            rt.erase_analytics(key)  # staged after this batch's own increments for the user
+            await rt.send(catalog.MEMORY_ANALYTICS, key, None)
+        await rt.send(catalog.ERASE_RECEIPTS, key, step.receipt)
+        rt.count("erase:receipts")
+        log.warning("erasure %s of %s complete: %d nodes, %d negotiator memories, relay policy %s (%d steps)",
+                    request["request_id"], key, step.receipt["nodes_erased"], step.receipt["negotiator_memories_erased"],
+                    "removed" if step.remove_relay_policy else "none", step.receipt["steps"])
+
     async def housekeeping(partition: int, now_ms: int) -> None:
         """Decay and retention for the users of one partition (a partition-local timer)."""
         for user, um in list(store.local_users()):
@@ -399,6 +442,11 @@ def register(rt: "Runtime") -> None:
     async def relay_policy_agent(stream):
         async for event in stream.events():
             user = event.message.key.decode()
+            if event.message.value.startswith(b"{") and "erase" in (removal := orjson.loads(event.message.value)):
+                old = store.relay_policy.pop(user, None)  # a changelog tombstone
+                log.warning("security audit: relay threshold override of %s (%s) removed by erasure %s",
+                            user, old or "none", removal["erase"])
+                continue
             change = threshold_change(event.message.value)
             level = change["threshold"]
             old = store.relay_policy.get(user)
@@ -477,6 +525,28 @@ def register(rt: "Runtime") -> None:
         async def _local(self, motebit_id: str) -> Response:
             level = threshold_for(motebit_id, store.relay_policy, rt.settings.relay_threshold)
             return self.reply({"motebit_id": motebit_id, "threshold": level})
+
+    @app.page("/v1/memory/{motebit_id}/erase")
+    class Erase(rt.View):
+        @authenticated(scope=SCOPE_ADMIN)
+        async def post(self, request: Request, motebit_id: str, allowed: str, token: Token) -> Response:
+            """Queue the erasure of a user (streams/core/erasure.py): 202 with the request id;
+            the owner of the user's partition applies it and writes the receipt to
+            memory.erase-receipts.v1. Any worker can accept it (it is a Kafka record)."""
+            try:
+                body = await self.json_body(request)
+                record = erase_request(motebit_id, str(body.get("requestId") or uuid.uuid4()),
+                                       int(time.time() * 1000), token.name, limits)
+            except BadRequest as exc:
+                return self.error(400, str(exc))
+            except LimitExceeded as exc:
+                return self.error(400, str(exc))
+            value = rt.codecs.codec(catalog.topic(catalog.ERASE_REQUESTS).value_schema).encode(record)
+            await (await rt.inputs[catalog.ERASE_REQUESTS].send(key=motebit_id.encode(), value=value))
+            log.warning("security audit: erasure %s of %s requested by token %s",
+                        record["request_id"], motebit_id, token.name)
+            return self.reply({"motebit_id": motebit_id, "request_id": record["request_id"], "status": "accepted",
+                               "receipt_topic": catalog.ERASE_RECEIPTS}, 202)
 
     async def call_negotiator(user_id: str, body: dict, op: str) -> dict:
         """Send a request through negotiator.requests.v1 (same path as Kafka clients) and wait

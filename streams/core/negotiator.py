@@ -308,6 +308,31 @@ def forget(
     return s, {"status": "deleted", "memory": view_of(gone)}
 
 
+def forget_all(
+    state: Mapping[str, Any] | None,
+    user_id: str,
+    *,
+    now_ms: int = 0,
+    limits: Limits = DEFAULT_LIMITS,
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """Forget every memory of the user (an erasure, :mod:`streams.core.erasure`): ``(state,
+    forgotten ids in creation order)``. The state keeps no content: each memory's id and
+    content fingerprint join ``forgotten`` / ``forgotten_fingerprints`` exactly as a ``forget``
+    would leave them (so a re-delivered ``remember`` does not bring one back); the reply memo
+    holds ids only. ``None`` in, ``None`` out (the user has no row)."""
+    if state is None:
+        return None, []
+    s = _ensure(state, user_id)
+    gone = _ordered(s["memories"].values())
+    for m in gone:
+        fp = m.get("content_fingerprint") or content_fingerprint(m["content"])
+        s["forgotten"][m["id"]] = {"content_fingerprint": fp, "forgotten_at": int(now_ms)}
+        s["forgotten_fingerprints"] = sorted(set(s["forgotten_fingerprints"]) | {fp})
+    s["memories"] = {}
+    _trim_forgotten(s, limits.max_negotiator_forgotten)
+    return s, [m["id"] for m in gone]
+
+
 def _trim_forgotten(s: dict[str, Any], keep: int) -> None:
     """Keep the newest ``keep`` forgotten ids (by (forgotten_at, id)) and the fingerprints of
     those and of no others; a fingerprint still held by a kept id stays."""
