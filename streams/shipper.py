@@ -109,6 +109,10 @@ TRANSACTIONAL_ID_PREFIX = "memstream-shipper-"
 SHIPPER_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
 
 
+#: How long a fatal producer error waits for its cause (fenced or not) to be reported.
+FATAL_CAUSE_WAIT_S = 2.0
+
+
 class ShipperError(RuntimeError):
     """Something the user can fix: the directory is missing, the broker or registry is unreachable,
     a topic is missing, an old offsets file to import is damaged, a setting is out of range."""
@@ -229,14 +233,30 @@ class KafkaSink:
         self._ready = True
         self._in_txn = False
 
+    def _fatal_cause(self, err):  # type: ignore[no-untyped-def]
+        """The cause of a fatal error (fenced?): produce() reports only "_FATAL"; the cause comes
+        through the error callback or as a KafkaException out of poll(), once the producer's
+        background thread has queued it (it may take a moment)."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        deadline = time.monotonic() + FATAL_CAUSE_WAIT_S
+        while True:
+            try:
+                self._producer.poll(0.05)  # serve the error callback
+            except KafkaException as exc:
+                return exc.args[0] if exc.args else err
+            except Exception:  # noqa: BLE001 - a closed producer: keep what we know
+                return self._fatal or err
+            if self._fatal is not None:
+                return self._fatal
+            if not (err.fatal() or err.code() == KafkaError._FATAL) or time.monotonic() > deadline:
+                return err
+
     def _fail(self, what: str, err) -> NoReturn:  # type: ignore[no-untyped-def]
         """After a failed produce or commit: abort if the producer allows it, else start over with
         a new producer (its init_transactions settles the old transaction); then raise."""
         self._in_txn = False
-        with contextlib.suppress(Exception):
-            self._producer.poll(0)  # serve the error callback
-        if self._fatal is not None:  # the producer's fatal error, e.g. fenced
-            err = self._fatal
+        err = self._fatal_cause(err)
         if _fenced(err):
             raise FencedError(f"another ship-graph-logs with id {self.shipper_id!r} took over (producer fenced); "
                               "this one stops") from None
@@ -269,18 +289,19 @@ class KafkaSink:
         from confluent_kafka import KafkaError, KafkaException
 
         self._begin()
-        while True:
-            try:
-                self._producer.produce(topic, key=key, value=value, headers=headers)
-                break
-            except BufferError:  # local queue full: serve delivery reports, then retry
-                self._producer.poll(0.1)
-            except KafkaException as exc:
-                err = exc.args[0]
-                if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                    raise RecordTooLargeError(f"{len(value or b'')} bytes exceed the producer's message.max.bytes") from None
-                self._fail("could not produce", err)
-        self._producer.poll(0)
+        try:  # every call of the producer here: a fenced producer's error may surface at any of them
+            while True:
+                try:
+                    self._producer.produce(topic, key=key, value=value, headers=headers)
+                    break
+                except BufferError:  # local queue full: serve delivery reports, then retry
+                    self._producer.poll(0.1)
+            self._producer.poll(0)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                raise RecordTooLargeError(f"{len(value or b'')} bytes exceed the producer's message.max.bytes") from None
+            self._fail("could not produce", err)
 
     def commit(self, changes: dict[str, Position | None]) -> None:
         from confluent_kafka import KafkaException
@@ -701,6 +722,21 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(s, h)
 
 
+@contextlib.contextmanager
+def _fenced_stops(shipper_id: str) -> Iterator[None]:
+    """A fenced producer's error that surfaced outside the sink's guarded calls still ends the
+    shipper as fenced (one line, exit non-zero), never as an unexplained crash."""
+    from confluent_kafka import KafkaException
+
+    try:
+        yield
+    except KafkaException as exc:
+        if exc.args and _fenced(exc.args[0]):
+            raise FencedError(f"another ship-graph-logs with id {shipper_id!r} took over (producer fenced: "
+                              f"{exc.args[0].str()}); this one stops") from None
+        raise
+
+
 def run(directory: str, settings: Settings, *, once: bool = False, offsets_path: str | None = None,
         poll_s: float | None = None, shipper_id: str | None = None) -> int:
     """The `memstream ship-graph-logs` command."""
@@ -717,7 +753,7 @@ def run(directory: str, settings: Settings, *, once: bool = False, offsets_path:
                      report.lines, report.files, report.events, report.dead_letters)
             return 0
         stop = threading.Event()
-        with _stop_on_signals(stop):
+        with _stop_on_signals(stop), _fenced_stops(shipper_id or default_shipper_id(directory)):
             log.info("watching %s every %.1fs (SIGINT/SIGTERM to stop)", directory, poll)
             report = shipper.follow(poll, stop)
         log.info("stopped: %d lines shipped: %d events, %d dead letters", report.lines, report.events, report.dead_letters)

@@ -365,3 +365,44 @@ def test_an_old_offsets_file_is_imported_once_then_renamed(tmp_path):
     with open_shipper(tmp_path / "logs", s, sink=sink) as shipper:
         assert shipper.ship_once().lines == 0
     assert os.path.exists(old)
+
+
+# ----------------------------------------------------------------------- a fenced producer stops
+class _FatalLater:
+    """A producer whose fatal error's cause arrives a few polls after produce() said "_FATAL":
+    raised by poll() (`raise_cause`) or handed to the error callback (`sink`)."""
+
+    def __init__(self, cause, raise_cause: bool, sink=None) -> None:
+        self.cause, self.raise_cause, self.sink, self.polls = cause, raise_cause, sink, 0
+
+    def poll(self, timeout: float) -> int:
+        from confluent_kafka import KafkaException
+
+        self.polls += 1
+        if self.polls >= 3:
+            if self.raise_cause:
+                raise KafkaException(self.cause)
+            self.sink._on_error(self.cause)
+        return 0
+
+
+@pytest.mark.parametrize("raise_cause", [True, False], ids=["cause-raised-by-poll", "cause-in-error-callback"])
+def test_a_fatal_produce_error_waits_for_its_cause_and_stops_a_fenced_shipper(raise_cause):
+    from confluent_kafka import KafkaError
+
+    sink = shipper_module.KafkaSink("127.0.0.1:1", "fence-me", CODECS)
+    fenced = KafkaError(KafkaError._FENCED, "This instance has been fenced by a newer instance", fatal=True)
+    sink._producer = _FatalLater(fenced, raise_cause, sink)
+    with pytest.raises(shipper_module.FencedError, match="took over"):
+        sink._fail("could not produce", KafkaError(KafkaError._FATAL, "Local: Fatal error", fatal=True))
+    assert sink._producer.polls >= 3  # it waited for the cause instead of starting a new producer
+
+
+def test_a_fatal_error_with_another_cause_is_a_delivery_error_not_fenced():
+    from confluent_kafka import KafkaError
+
+    sink = shipper_module.KafkaSink("127.0.0.1:1", "not-fenced", CODECS)
+    cause = KafkaError(KafkaError._GAPLESS_GUARANTEE, "gap in sequence", fatal=True)
+    sink._producer = _FatalLater(cause, True, sink)
+    with pytest.raises(DeliveryError, match="gap in sequence"):
+        sink._fail("could not produce", KafkaError(KafkaError._FATAL, "Local: Fatal error", fatal=True))
