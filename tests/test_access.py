@@ -220,3 +220,27 @@ def test_a_body_that_does_not_arrive_in_time_is_408():
             return await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
 
     assert asyncio.run(scenario()).startswith(b"HTTP/1.1 408")
+
+
+def test_erase_refuses_a_hostile_body_before_anything_is_sent():
+    """The erase route (admin scope) answers 400 for a body that is not an object, a requestId
+    that is not a string, or ids that break the id rules; nothing reaches Kafka (the runtime is
+    not started: a send would fail the request with a 500)."""
+    rt = Runtime(Settings(registry_url="", partitions=3, api_tokens="adm:secret:admin"))
+    register_all(rt)
+    rt.app.web.init_server()
+    cases = [("u-1", b"[1, 2]"), ("u-1", b'{"requestId": true}'), ("u-1", b'{"requestId": {"x": 1}}'),
+             ("u-1", b'{"requestId": "' + b"r" * 129 + b'"}'), ("u-1", b'{"requestId": "a/b"}'),
+             ("u%2Fx", b"{}"), ("u-1", b"not json")]
+
+    async def probe() -> list[tuple[str, int, str]]:
+        out = []
+        async with TestClient(TestServer(rt.app.web.web_app, host="127.0.0.1", port=free_port())) as client:
+            for user, body in cases:
+                r = await client.post(f"/v1/memory/{user}/erase", data=body,
+                                      headers={"Authorization": "Bearer adm", "Content-Type": "application/json"})
+                out.append((body.decode()[:40], r.status, await r.text()))
+        return out
+
+    for body, status, text in asyncio.run(probe()):
+        assert status == 400 and "error" in text, (body, status, text)

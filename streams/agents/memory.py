@@ -535,7 +535,10 @@ def register(rt: "Runtime") -> None:
             memory.erase-receipts.v1. Any worker can accept it (it is a Kafka record)."""
             try:
                 body = await self.json_body(request)
-                record = erase_request(motebit_id, str(body.get("requestId") or uuid.uuid4()),
+                request_id = body.get("requestId")
+                if request_id is not None and not isinstance(request_id, str):
+                    raise BadRequest(f"requestId must be a string, not {type(request_id).__name__}")
+                record = erase_request(motebit_id, request_id or str(uuid.uuid4()),
                                        int(time.time() * 1000), token.name, limits)
             except BadRequest as exc:
                 return self.error(400, str(exc))
