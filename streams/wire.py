@@ -160,6 +160,9 @@ def detect_format(data: bytes) -> WireFormat:
 
 
 # ----------------------------------------------------------------------------------------- the factory
+#: (id, schema text) pairs whose parse a factory keeps (far above what memstream's topics use)
+PARSED_TEXTS_MAX = 1024
+
 class CodecFactory:
     """Builds the value codecs of one process and owns what they share: schemas, registry ids, caches."""
 
@@ -173,6 +176,9 @@ class CodecFactory:
         self._writers_by_id: dict[int, SchemaVersion] = {}
         self._refused_ids: dict[int, WireFormatError] = {}  # ids that named no usable schema, and why
         self._codecs: dict[str, ValueCodec] = {}
+        #: (id, schema text) -> its parse: the health probe re-fetches every id it used each round,
+        #: and parsing the same text again cost more CPU than the fetch (bounded: PARSED_TEXTS_MAX)
+        self._parsed_by_text: dict[tuple[int, str], SchemaVersion] = {}
 
     @classmethod
     def from_url(cls, registry_url: str, schema_set: SchemaSet | None = None) -> "CodecFactory":
@@ -274,10 +280,15 @@ class CodecFactory:
             raise IncompatibleSchemaError(f"schema id {schema_id} is a {fetched.schema_type} schema, not Avro")
         if fetched.references:
             raise IncompatibleSchemaError(f"schema id {schema_id} uses schema references; memstream does not read them")
-        try:
-            version = SchemaVersion.from_source(json.loads(fetched.schema_str), "registry", f"id {schema_id}")
-        except Exception as exc:
-            raise IncompatibleSchemaError(f"schema id {schema_id} is not a valid Avro schema: {_shortened(str(exc))}") from exc
+        version = self._parsed_by_text.get((schema_id, fetched.schema_str))
+        if version is None:
+            try:
+                version = SchemaVersion.from_source(json.loads(fetched.schema_str), "registry", f"id {schema_id}")
+            except Exception as exc:
+                raise IncompatibleSchemaError(f"schema id {schema_id} is not a valid Avro schema: {_shortened(str(exc))}") from exc
+            if len(self._parsed_by_text) >= PARSED_TEXTS_MAX:
+                self._parsed_by_text.clear()  # a registry with that many distinct schemas: start over
+            self._parsed_by_text[(schema_id, fetched.schema_str)] = version
         if not isinstance(version.parsed, dict) or version.parsed.get("type") != "record":
             # anyone may register `"string"` or an array; no memstream topic carries one
             kind = version.parsed.get("type") if isinstance(version.parsed, dict) else type(version.parsed).__name__

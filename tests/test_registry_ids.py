@@ -87,6 +87,32 @@ def test_probe_finds_a_registry_that_hands_ids_out_again_and_accepts_the_same_on
     assert other_cluster.verify_ids() == []
 
 
+def test_registry_now_parses_a_schema_text_once_sees_a_remapped_id_and_keeps_a_bounded_memo(monkeypatch):
+    from streams import wire
+
+    parsed = []
+    real = wire.SchemaVersion.from_source
+    monkeypatch.setattr(wire.SchemaVersion, "from_source",
+                        classmethod(lambda cls, *a: parsed.append(a[2]) or real(*a)))
+    factory = CodecFactory(registry())
+    factory.register(TOPICS)
+    ids = sorted(factory.known_ids())
+    first = factory.registry_now(ids)
+    assert len(parsed) == len(ids)  # each (id, text) parsed once...
+    assert factory.registry_now(ids) == first and len(parsed) == len(ids)  # ...and not again next round
+
+    reset = registry()  # the same ids handed out in another order: every id names another text now
+    CodecFactory(reset).register(list(reversed(TOPICS)))
+    factory.registry = reset
+    now = factory.registry_now(ids)
+    assert any(now[i] is not None and first[i].fingerprint != now[i].fingerprint for i in ids)
+
+    monkeypatch.setattr(wire, "PARSED_TEXTS_MAX", 3)
+    factory._parsed_by_text.clear()
+    factory.registry_now(ids)
+    assert 0 < len(factory._parsed_by_text) <= 3
+
+
 def test_probe_reports_an_unreachable_registry():
     class Down:
         def clear_caches(self):
