@@ -1,0 +1,27 @@
+"""scripts/import_graph.py: the measurement of issue 16's module layout (cycles, arrows)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from .conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
+import_graph = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(import_graph)
+
+
+def test_cycles_are_the_strongly_connected_components_of_more_than_one_module():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"e"}, "e": {"d"}, "f": {"a"}, "g": {"g"}}
+    assert sorted(import_graph.cycles(graph)) == [["a", "b", "c"], ["d", "e"]]
+    assert import_graph.cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_package_graph_resolves_relative_imports_to_modules_of_the_package():
+    known = import_graph.modules()
+    runtime, _ = import_graph.imports(known)
+    assert "streams.core.process" in known and "streams.app" in known
+    assert all(b in known for targets in runtime.values() for b in targets)
+    assert "streams.settings" in runtime["streams.app"]  # `from .settings import Settings`
+    core = {a: b for a, b in runtime.items() if a.startswith("streams.core")}
+    assert core and all(t.startswith("streams.core") for targets in core.values() for t in targets)  # a pure centre
