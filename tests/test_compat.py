@@ -76,6 +76,9 @@ def test_new_field_without_default_breaks_backward_only(tmp_path):
     problems = compat.check(root)
     assert kinds(problems) == {("memory_node", "v1", BACKWARD)}
     assert "tier" in problems[0].detail and "current reader cannot read v1 data" in problems[0].detail
+    # both judges spoke: Apache Avro's checker (the rule, where) and fastavro's reading (the example)
+    assert "Avro compatibility checker): reader_field_missing_default_value" in problems[0].detail
+    assert "; by example: " in problems[0].detail
 
 
 def test_new_field_with_default_is_compatible(tmp_path):
