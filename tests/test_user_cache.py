@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import rocksdict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from faust.types import TP
 
 from streams import catalog, generate
 from streams.agents import state_scan
-from streams.agents.user_cache import UserCache, group_rows, load_user, weight
+from streams.agents.user_cache import UserCache, group_rows, load_user, may_expire, weight
 from streams.core import UserMemory, process_candidate, process_event
+from streams.core.housekeeping import HousekeepingPolicy, sweep_memory
 from streams.core.state import SEEN_CHUNK_KEY, SIDE_PREFIXES
 
 MAX_IDS = 50  # a small de-duplication window: sealed chunks and dropped chunks happen
@@ -247,6 +250,7 @@ class _Store:
 
     def __init__(self, path) -> None:
         self.path, self._dbs = path, {}
+        self.app = SimpleNamespace(assignor=SimpleNamespace(assigned_actives=lambda: ACTIVE))
 
     def _db_for_partition(self, partition: int):
         if partition not in self._dbs:
@@ -259,8 +263,13 @@ class _Store:
 
 
 class _Table:
+    changelog_topic_name, is_global = "app-memory-state-changelog", False
+
     def __init__(self, store: _Store) -> None:
         self.data = store
+
+
+ACTIVE = {TP(_Table.changelog_topic_name, 0), TP(_Table.changelog_topic_name, 1)}
 
 
 def partition_of(user: str) -> int:
@@ -294,6 +303,13 @@ def test_a_prefix_scan_of_the_users_partition_finds_exactly_the_users_rows(tmp_p
         assert [(u, sorted(r(), key=lambda kv: kv[0])) for u, r in state_scan.users_rows(rocks, p, partition_of)] == \
             [(u, sorted(want[u], key=lambda kv: kv[0])) for u in state_scan.partition_users(rocks, p, partition_of)]
     assert state_scan.user_rows(rocks, "nobody", 0) == []
+    standby = TP(_Table.changelog_topic_name, 1)
+    ACTIVE.discard(standby)  # a partition this worker only holds a standby copy of: not read
+    try:
+        assert state_scan.partition_users(rocks, 1, partition_of) == []
+        assert all(state_scan.user_rows(rocks, u, 1) == [] for u in want if partition_of(u) == 1)
+    finally:
+        ACTIVE.add(standby)
     for db in store._dbs.values():
         db.close()
 
@@ -307,3 +323,37 @@ def test_a_store_without_rocksdb_is_scanned_whole():
     assert state_scan.partition_users(table, 1, partition_of) == ["u", "v"]
     assert [(u, r()) for u, r in state_scan.users_rows(table, 1, partition_of)] == \
         [("u", [("u", {"k": 1}), ("u/n", {"k": 2})]), ("v", [("v", {"k": 4})])]
+
+
+@pytest.mark.parametrize("days", [0, 2, 10, 40, 100, 400])
+def test_a_user_the_sweep_skips_unread_is_one_the_sweep_would_not_change(days):
+    """`may_expire` on the stored rows (a pending redo log included) against `sweep_memory` on
+    the loaded user, at ages where nothing, some or every node expires."""
+    stream = mixed(users=20, seed=5)
+    table: dict[str, Any] = {}
+    run(stream, {}, table)
+    grouped = group_rows(table.items())
+    first = next(iter(grouped))  # one user's node rows survive only in its aux row's redo log
+    is_node = lambda key, row: key != first and isinstance(row, dict) and "node_id" in row  # noqa: E731
+    moved = {k.split("/", 1)[1]: v for k, v in grouped[first] if is_node(k, v)}
+    grouped[first] = [(first, {**table[first], "pending": moved})] + \
+        [(k, v) for k, v in grouped[first] if k != first and not is_node(k, v)]
+    now_ms = max(n["created_at"] for n in moved.values()) + days * 86_400_000
+    policy = HousekeepingPolicy()
+    changed = skipped = 0
+    for user, rows in grouped.items():
+        um = load_user(user, rows, dedup_max_ids=MAX_IDS).memory
+        out = sweep_memory(um, now_ms, policy)
+        if not may_expire(rows, now_ms, policy):
+            assert not out.node_deletions and not out.ledger, user
+            skipped += 1
+        changed += bool(out.node_deletions)
+    assert skipped or changed  # one of the two happened at every age
+    if days == 0:
+        assert skipped == len(grouped)
+    if days == 400:
+        assert changed == len(grouped)
+
+
+def test_an_unreadable_node_row_is_left_to_the_full_load():
+    assert may_expire([("u/n-1", {"motebit_id": "u", "node_id": "n-1"})], 0, HousekeepingPolicy())

@@ -38,7 +38,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import orjson
 from faust.web import Request, Response
@@ -74,7 +74,7 @@ from ..core.state import SEEN_CHUNK_KEY
 from ..deadletter import STAGE_APPLY, STAGE_VALIDATE
 from ..core.vocabulary import SENSITIVITY_LEVELS
 from . import state_scan
-from .user_cache import UserCache, load_user
+from .user_cache import UserCache, load_user, may_expire
 from ..http import SCOPE_ADMIN, SCOPE_NEGOTIATOR, BadRequest, Token, authenticated, mask_node, parse_ms, visible
 
 if TYPE_CHECKING:
@@ -247,11 +247,12 @@ class MemoryStore:
             self._keep(motebit_id, um, redo)
         return um
 
-    def partition_users(self, partition: int) -> Iterator[tuple[str, UserMemory, dict | None]]:
+    def partition_users(self, partition: int, wanted: Callable[[list], bool] | None = None
+                        ) -> Iterator[tuple[str, UserMemory | None, dict | None]]:
         """`(user, state, redo)` of every user of a local partition, for a sweep. A loaded user
-        comes as it is (redo None); any other is read from the table one at a time and *not*
-        cached, so a sweep does not flush the LRU: `keep(user, state, redo)` caches one that the
-        sweep changes. Contained users are skipped."""
+        comes as it is (redo None); any other is read from the table one at a time, skipped
+        unless `wanted(rows)`, and *not* cached, so a sweep does not flush the LRU:
+        `keep(user, state, redo)` caches one that the sweep changes. Contained users are skipped."""
         self._readable()
         for user, rows in state_scan.users_rows(self.state, partition, self.rt.partition_of):
             if user in self.corrupt:
@@ -260,7 +261,11 @@ class MemoryStore:
             if um is not None:
                 yield user, um, None
                 continue
-            um, redo = self._load(user, rows())
+            read = rows()
+            if wanted is not None and not wanted(read):
+                yield user, None, None  # one user read: the caller lets the event loop run
+                continue
+            um, redo = self._load(user, read)
             if um is not None:
                 yield user, um, redo
 
@@ -444,9 +449,13 @@ def register(rt: "Runtime") -> None:
 
     async def housekeeping(partition: int, now_ms: int) -> None:
         """Decay and retention for the users of one partition (a partition-local timer): each
-        user's rows are read in turn (a loaded user is used as it is), only a changed user is
-        kept in the cache, and the event loop runs between users."""
-        for user, um, redo in store.partition_users(partition):
+        user's rows are read in turn (a loaded user is used as it is), a user's state is built
+        only when one of its node rows expires (`may_expire`), only a changed user is kept in
+        the cache, and the event loop runs between users."""
+        for user, um, redo in store.partition_users(partition, lambda rows: may_expire(rows, now_ms, retention)):
+            if um is None:  # not loaded, and nothing of it expires now
+                await asyncio.sleep(0)
+                continue
             out = sweep_memory(um, now_ms, retention)
             if out.ledger or out.node_deletions:
                 store.keep(user, um, redo)

@@ -8,7 +8,8 @@ row stored under the bytes of the table's key serializer (here `utf8-key`: the k
 `Store._decode_value`). A user's rows are in the partition of the user (the changelog partition
 of the event that wrote them: `Runtime.partition_of(user)`), under the keys `<user>` (the aux
 row) and `<user>/<rest>`; RocksDB sorts keys bytewise, so `<user>/…` is one contiguous range
-[`<user>/`, `<user>0`) (`0` follows `/` in ASCII) — a prefix scan.
+[`<user>/`, `<user>0`) (`0` follows `/` in ASCII) — a prefix scan. Only a partition active on
+this worker is read (as the table's `items()` does: `Store._dbs_for_actives`).
 
 Any other store (memory://, or a table without a RocksDB `_dbs`) falls back to a scan of the
 table's items: right, but it reads every row, so memory:// pays a full scan per user loaded
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
-from faust.types import TableT
+from faust.types import TP, TableT
 
 from .user_cache import KEY_SEP, group_rows
 
@@ -27,22 +28,33 @@ _SEP = KEY_SEP.encode()
 _AFTER_SEP = bytes([_SEP[0] + 1])  # the first byte sorting after every `<user>/…` key
 
 
-def _rocksdb(table: TableT, partition: int) -> Any | None:
-    """The partition's Rdict of a RocksDB-backed table, or None for any other store."""
+def _rocksdb(table: TableT) -> Any | None:
+    """The RocksDB store of a table (rocksdict driver), or None for any other store."""
     store = table.data
-    if not (hasattr(store, "_dbs") and getattr(store, "use_rocksdict", False)
-            and hasattr(store, "_db_for_partition")):
+    if hasattr(store, "_dbs") and getattr(store, "use_rocksdict", False) and hasattr(store, "_db_for_partition"):
+        return store
+    return None
+
+
+def _active_db(store: Any, table: TableT, partition: int) -> Any | None:
+    """The partition's Rdict when the partition is active here, else None (no rows), as the
+    table's own `items()` sees it (`Store._dbs_for_actives`: a standby copy is not read)."""
+    tp = TP(topic=table.changelog_topic_name, partition=partition)
+    if tp not in store.app.assignor.assigned_actives() and not table.is_global:
         return None
     return store._db_for_partition(partition)  # opens it if Faust has not yet (as its own _get does)
 
 
 def user_rows(table: TableT, user: str, partition: int) -> list[tuple[str, Any]]:
     """Every row `(key, value)` of `user` (keys `<user>` and `<user>/…`), values decoded."""
-    db = _rocksdb(table, partition)
-    if db is None:
+    store = _rocksdb(table)
+    if store is None:
         prefix = user + KEY_SEP
         return [(k, v) for k, v in table.items() if k == user or k.startswith(prefix)]
-    decode = table.data._decode_value
+    db = _active_db(store, table, partition)
+    if db is None:
+        return []
+    decode = store._decode_value
     head = user.encode()
     out = []
     aux = db.get(head)
@@ -60,10 +72,13 @@ def partition_users(table: TableT, partition: int, partition_of) -> list[str]:
     """The users with rows in `partition`, in key order. RocksDB: a skip scan that reads one key
     per user (an aux row key, or the first key of a `<user>/…` range, after which it seeks past the
     range), not the user's rows."""
-    db = _rocksdb(table, partition)
-    if db is None:
+    store = _rocksdb(table)
+    if store is None:
         return sorted({k.partition(KEY_SEP)[0] for k in table.keys() if partition_of(k.partition(KEY_SEP)[0]) == partition})
-    offset_key = getattr(table.data, "offset_key", None)
+    db = _active_db(store, table, partition)
+    if db is None:
+        return []
+    offset_key = store.offset_key
     users: dict[str, None] = {}
     it = db.iter()
     it.seek_to_first()
@@ -85,7 +100,7 @@ def users_rows(table: TableT, partition: int, partition_of) -> Iterator[tuple[st
     """`(user, rows)` for every user of `partition`, one user at a time, `rows()` reading that
     user's rows when called: RocksDB reads each user's range then; another store is read once and
     grouped."""
-    if _rocksdb(table, partition) is None:
+    if _rocksdb(table) is None:
         grouped = group_rows((k, v) for k, v in table.items() if partition_of(k.partition(KEY_SEP)[0]) == partition)
         for user in sorted(grouped):
             rows = grouped.pop(user)

@@ -32,9 +32,12 @@ from typing import Any, Iterable
 
 from ..core import UserMemory
 from ..core.similarity import IndexConfig
+from ..core.housekeeping import HousekeepingPolicy, prune_reason
+from ..core.nodes import complete_node
 from ..core.state import SEEN_CHUNK_KEY, SIDE_PREFIXES
 
 KEY_SEP = "/"  #: a user id never contains it (validated at ingest): the first one ends the user id
+_INTERNAL = (SEEN_CHUNK_KEY, *SIDE_PREFIXES)  #: row suffixes that are not node ids
 
 
 @dataclass
@@ -95,6 +98,31 @@ def load_user(user: str, rows: Iterable[tuple[str, Any]], *, dedup_max_ids: int,
         return Loaded(None, corrupt, foreign, rows=count)
     redo = dict(aux["pending"]) if aux and aux.get("pending") else {}
     return Loaded(um, None, foreign, redo, count)
+
+
+def may_expire(rows: Iterable[tuple[str, Any]], now_ms: int, policy: HousekeepingPolicy) -> bool:
+    """Whether a housekeeping sweep at `now_ms` could change the user these rows hold, read
+    without building its state: some node row, stored or in the aux row's redo log, is expired
+    (`prune_reason`). It checks a superset of the nodes `load_user` would keep (foreign rows and
+    rows the redo log replaces included), so False means `sweep_memory` of the loaded user finds
+    nothing; a row it cannot read says True (the full load then decides, or contains the user)."""
+    for key, row in rows:
+        if row is None:
+            continue
+        _user, sep, rest = key.partition(KEY_SEP)
+        try:
+            if not sep:
+                pending = row.get("pending") or {}
+                nodes = [r for k, r in pending.items() if r is not None and not k.startswith(_INTERNAL)]
+            elif rest.startswith(_INTERNAL):
+                continue
+            else:
+                nodes = [row]
+            if any(prune_reason(complete_node(n), now_ms, policy) is not None for n in nodes):
+                return True
+        except Exception:  # noqa: BLE001 - unreadable: let the full load decide
+            return True
+    return False
 
 
 def group_rows(rows: Iterable[tuple[str, Any]]) -> dict[str, list[tuple[str, Any]]]:
