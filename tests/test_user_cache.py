@@ -44,16 +44,16 @@ def eager_rebuild(items) -> tuple[dict[str, UserMemory], dict[str, str], int]:
         if sep and rest.startswith(SIDE_PREFIXES):
             side[user][rest] = row
             continue
-        owner = row.get("motebit_id") if isinstance(row, dict) else None
-        if owner != user:
-            foreign += 1
-            continue
-        if not sep and "node_id" not in row:
+        mine = isinstance(row, dict) and row.get("motebit_id") == user
+        kind = ("foreign" if not mine else "aux" if (not sep and "node_id" not in row)
+                else "node" if (sep and "node_id" in row) else "neither")
+        foreign += kind == "foreign"
+        if kind == "aux":
             aux[user] = row
-        elif sep and "node_id" in row:
+        elif kind == "node":
             by_user[user].append(row)
-        else:
-            corrupt.setdefault(user, "neither")
+        elif kind == "neither":
+            corrupt.setdefault(user, kind)
     cache = {}
     for u in set(by_user) | set(aux) | set(side):
         if u in corrupt:
@@ -357,3 +357,21 @@ def test_a_user_the_sweep_skips_unread_is_one_the_sweep_would_not_change(days):
 
 def test_an_unreadable_node_row_is_left_to_the_full_load():
     assert may_expire([("u/n-1", {"motebit_id": "u", "node_id": "n-1"})], 0, HousekeepingPolicy())
+
+
+def test_a_row_put_by_hand_in_another_partition_is_read_with_its_user_but_swept_in_its_users_partition(tmp_path):
+    """The worker writes a user's rows only in its partition; a row produced by hand into another
+    partition (tests/test_poison_kafka.py does, to contain a user) is still read with the user,
+    as a scan of the table reads it, and the other partition's sweep does not list the user."""
+    store, user = _Store(tmp_path), "ab"  # partition_of("ab") == 0
+    store._db_for_partition(0)[b"ab"] = json.dumps({"motebit_id": "ab"}).encode()
+    store._db_for_partition(1)[b"ab/n-1"] = json.dumps({"motebit_id": "ab", "node_id": "n-1"}).encode()
+    store._db_for_partition(1)[b"abc/n-1"] = json.dumps({"motebit_id": "abc"}).encode()
+    rocks = _Table(store)
+    assert state_scan.user_rows(rocks, user, 0) == [("ab", {"motebit_id": "ab"}),
+                                                    ("ab/n-1", {"motebit_id": "ab", "node_id": "n-1"})]
+    assert state_scan.partition_users(rocks, 0, partition_of) == ["ab"]
+    assert state_scan.partition_users(rocks, 1, partition_of) == ["abc"]
+    assert load_user(user, state_scan.user_rows(rocks, user, 0), dedup_max_ids=MAX_IDS).corrupt  # contained
+    for db in store._dbs.values():
+        db.close()

@@ -8,8 +8,9 @@ row stored under the bytes of the table's key serializer (here `utf8-key`: the k
 `Store._decode_value`). A user's rows are in the partition of the user (the changelog partition
 of the event that wrote them: `Runtime.partition_of(user)`), under the keys `<user>` (the aux
 row) and `<user>/<rest>`; RocksDB sorts keys bytewise, so `<user>/…` is one contiguous range
-[`<user>/`, `<user>0`) (`0` follows `/` in ASCII) — a prefix scan. Only a partition active on
-this worker is read (as the table's `items()` does: `Store._dbs_for_actives`).
+[`<user>/`, `<user>0`) (`0` follows `/` in ASCII) — a prefix scan (one more seek per other
+partition: `user_rows`). Only partitions active on this worker are read (as the table's
+`items()` does: `Store._dbs_for_actives`).
 
 Any other store (memory://, or a table without a RocksDB `_dbs`) falls back to a scan of the
 table's items: right, but it reads every row, so memory:// pays a full scan per user loaded
@@ -36,42 +37,50 @@ def _rocksdb(table: TableT) -> Any | None:
     return None
 
 
-def _active_db(store: Any, table: TableT, partition: int) -> Any | None:
-    """The partition's Rdict when the partition is active here, else None (no rows), as the
-    table's own `items()` sees it (`Store._dbs_for_actives`: a standby copy is not read)."""
+def _active(store: Any, table: TableT, partition: int) -> bool:
+    """Whether the partition is active here: the table's own `items()` reads only those
+    (`Store._dbs_for_actives`: a standby copy is not read)."""
     tp = TP(topic=table.changelog_topic_name, partition=partition)
-    if tp not in store.app.assignor.assigned_actives() and not table.is_global:
+    return table.is_global or tp in store.app.assignor.assigned_actives()
+
+
+def _active_db(store: Any, table: TableT, partition: int) -> Any | None:
+    """The partition's Rdict when the partition is active here, else None (no rows)."""
+    if not _active(store, table, partition):
         return None
     return store._db_for_partition(partition)  # opens it if Faust has not yet (as its own _get does)
 
 
 def user_rows(table: TableT, user: str, partition: int) -> list[tuple[str, Any]]:
-    """Every row `(key, value)` of `user` (keys `<user>` and `<user>/…`), values decoded."""
+    """Every row `(key, value)` of `user` (keys `<user>` and `<user>/…`), values decoded: the
+    range of its partition `partition`, then the same range of every other active partition,
+    which is empty unless a row was put there by hand (the worker writes a user's rows only in
+    events of its partition); read so that such a row is seen, as a scan of the table would."""
     store = _rocksdb(table)
     if store is None:
         prefix = user + KEY_SEP
         return [(k, v) for k, v in table.items() if k == user or k.startswith(prefix)]
-    db = _active_db(store, table, partition)
-    if db is None:
-        return []
+    others = sorted(p for p in list(store._dbs) if p != partition and _active(store, table, p))
+    dbs = [db for p in [partition, *others] if (db := _active_db(store, table, p)) is not None]
     decode = store._decode_value
     head = user.encode()
-    out = []
-    aux = db.get(head)
-    if aux is not None:
-        out.append((user, decode(aux)))
     start, end = head + _SEP, head + _AFTER_SEP
-    for key, value in db.items(from_key=start):
-        if key >= end:
-            break
-        out.append((key.decode(), decode(value)))
+    out = []
+    for db in dbs:
+        aux = db.get(head)
+        if aux is not None:
+            out.append((user, decode(aux)))
+        for key, value in db.items(from_key=start):
+            if key >= end:
+                break
+            out.append((key.decode(), decode(value)))
     return out
 
 
 def partition_users(table: TableT, partition: int, partition_of) -> list[str]:
-    """The users with rows in `partition`, in key order. RocksDB: a skip scan that reads one key
-    per user (an aux row key, or the first key of a `<user>/…` range, after which it seeks past the
-    range), not the user's rows."""
+    """The users of `partition` (`partition_of(user) == partition`) with rows in it, in key order.
+    RocksDB: a skip scan that reads one key per user (an aux row key, or the first key of a
+    `<user>/…` range, after which it seeks past the range), not the user's rows."""
     store = _rocksdb(table)
     if store is None:
         return sorted({k.partition(KEY_SEP)[0] for k in table.keys() if partition_of(k.partition(KEY_SEP)[0]) == partition})
@@ -88,7 +97,9 @@ def partition_users(table: TableT, partition: int, partition_of) -> list[str]:
             it.next()
             continue
         head, sep, _rest = key.partition(_SEP)
-        users[head.decode()] = None
+        user = head.decode()
+        if partition_of(user) == partition:
+            users[user] = None
         if sep:
             it.seek(head + _AFTER_SEP)  # past this user's `<user>/…` range
         else:
