@@ -375,3 +375,12 @@ def test_a_row_put_by_hand_in_another_partition_is_read_with_its_user_but_swept_
     assert load_user(user, state_scan.user_rows(rocks, user, 0), dedup_max_ids=MAX_IDS).corrupt  # contained
     for db in store._dbs.values():
         db.close()
+
+
+def test_a_node_row_missing_fields_is_completed_before_the_rule():
+    """An older row without `half_life_ms` / `updated_at` expires by the completed node's values."""
+    policy, day = HousekeepingPolicy(), 86_400_000
+    old = {**NODE, "motebit_id": "u", "memory_type": "episodic", "confidence": 0.6, "created_at": 0}
+    del old["updated_at"]  # completed from created_at; the episodic half-life is 3 days
+    assert may_expire([("u/n-1", old)], 10 * day, policy)
+    assert not may_expire([("u/n-1", old)], 0, policy)

@@ -33,11 +33,12 @@ from typing import Any, Iterable
 from ..core import UserMemory
 from ..core.similarity import IndexConfig
 from ..core.housekeeping import HousekeepingPolicy, prune_reason
-from ..core.nodes import complete_node
+from ..core.nodes import NODE_FIELDS, complete_node
 from ..core.state import SEEN_CHUNK_KEY, SIDE_PREFIXES
 
 KEY_SEP = "/"  #: a user id never contains it (validated at ingest): the first one ends the user id
 _INTERNAL = (SEEN_CHUNK_KEY, *SIDE_PREFIXES)  #: row suffixes that are not node ids
+_NODE_FIELDS = frozenset(NODE_FIELDS)
 
 
 @dataclass
@@ -118,7 +119,10 @@ def may_expire(rows: Iterable[tuple[str, Any]], now_ms: int, policy: Housekeepin
                 continue
             else:
                 nodes = [row]
-            if any(prune_reason(complete_node(n), now_ms, policy) is not None for n in nodes):
+            # a row the worker wrote is a complete node (every NODE_FIELDS key): `complete_node`
+            # would change nothing `prune_reason` reads, and costs 3x the rule itself
+            if any(prune_reason(n if n.keys() >= _NODE_FIELDS else complete_node(n), now_ms, policy) is not None
+                   for n in nodes):
                 return True
         except Exception:  # noqa: BLE001 - unreadable: let the full load decide
             return True
