@@ -39,6 +39,7 @@ FAMILY_LABELS: dict[str, tuple[tuple[str, ...], str]] = {
     "violation": (("rule",), "Session lifecycle violations, by rule."),
     "negotiator": (("op",), "Negotiator requests handled, by op."),
     "housekeeping": (("kind",), "Housekeeping actions (e.g. expired nodes deleted), by kind."),
+    "memory_users": (("event",), "Users' memory state read from the memory-state table (`loaded`) and dropped from the bounded LRU (`evicted`)."),
 }
 
 GAUGE_HELP: dict[str, str] = {

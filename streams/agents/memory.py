@@ -177,7 +177,7 @@ class MemoryStore:
         are loaded again from the table; every other loaded user is as the table has it."""
         pinned = list(self.users.pinned)
         self.users.drop(pinned)
-        self._forget(pinned)
+        self._forget(pinned, evicted=False)
 
     def _reset(self) -> None:
         """Forget every loaded user (after a rebalance): each is read again on first touch."""
@@ -188,7 +188,9 @@ class MemoryStore:
         self.valid = True
         self._gauges()
 
-    def _forget(self, users: list[str]) -> None:
+    def _forget(self, users: list[str], evicted: bool = True) -> None:
+        if users and evicted:
+            self.rt.count("memory_users:evicted", len(users))
         for u in users:
             self.redo.pop(u, None)  # the aux row still has it: read again with the user
 
@@ -228,6 +230,7 @@ class MemoryStore:
     def _keep(self, motebit_id: str, um: UserMemory, redo: dict) -> None:
         """Cache a loaded user with its redo log (rewritten by its next write: `stage`); inside
         a batch it is pinned until the batch is written."""
+        self.rt.count("memory_users:loaded")
         self._forget(self.users.put(motebit_id, um, pin=effects.current_batch() is not None))
         if redo:
             self.redo[motebit_id] = redo
