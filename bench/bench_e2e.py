@@ -49,7 +49,8 @@ What each figure means:
   de-duplication window in the compact form above: chunk rows + aux row; each row in its user's
   partition), then a worker with an empty data dir: time from process start until `/health`
   is ready (tables recovered), and until the first `GET /v1/memory/{user}/nodes` answers
-  (rebuilds the similarity index) with all of the user's nodes.
+  with all of the user's nodes (the user's rows are read on its first touch); then the first
+  query of two more users (*slowest first query of a user*). `--recovery-only` runs only this.
 * **worker CPU / record**: user + system CPU time of the run's workers (/proc/<pid>/stat) from
   the first produce until the end, per input record; unlike the rates it hardly depends on what
   else runs on the machine.
@@ -592,29 +593,37 @@ class Recovery:
     query_s: float
     ready_rss_mib: float
     rss_mib: float
+    first_query_s: float = 0.0  #: the slowest first query of one user (each user is read on its first touch)
 
 
 def recovery_run(settings: Settings, app_id: str, nodes: int, users: int, store: str, run: Path) -> Recovery:
-    """Start a worker on an empty data dir; time until /health is ready and a query answers."""
+    """Start a worker on an empty data dir; time until /health is ready and a query answers, then
+    the first query of two more users (each user's state is read on its first query)."""
     say(f"\n== recovery: {nodes:,} nodes / {users} users, {store} (app id {app_id})")
     kafkatools.position_group(settings, app_id, kafkatools.end_offsets(settings, INPUTS))
     port, tag = free_port(), store.split(":")[0]
     env, log = worker_env(port, store, run / "data" / f"{app_id}-{tag}"), run / f"{app_id}-{tag}.log"
     started = time.monotonic()
     worker = Worker(kafkatools.spawn_worker(settings, app_id, log, env), port, log)
+    firsts = []
     try:
         wait_ready(worker)
         ready, ready_rss = time.monotonic() - started, kafkatools.peak_rss_mib(worker.proc.pid)
-        say(f"   /health ready after {ready:.1f}s (peak RSS {ready_rss:,.0f} MiB); querying one user (rebuilds the index)")
-        answered = query_nodes(port, bench_user(0))
-        queried = time.monotonic() - started
-        if answered != nodes // users:
-            raise BenchError(f"the recovered worker answered {answered} nodes for {bench_user(0)}, expected {nodes // users}")
+        say(f"   /health ready after {ready:.1f}s (peak RSS {ready_rss:,.0f} MiB); querying users (each read on first touch)")
+        for n, user in enumerate(dict.fromkeys([bench_user(0), bench_user(users // 2), bench_user(users - 1)])):
+            asked = time.monotonic()
+            answered = query_nodes(port, user)
+            firsts.append(time.monotonic() - asked)
+            if n == 0:
+                queried = time.monotonic() - started
+            if answered != nodes // users:
+                raise BenchError(f"the recovered worker answered {answered} nodes for {user}, expected {nodes // users}")
         rss = kafkatools.peak_rss_mib(worker.proc.pid)
     finally:
         stop([worker])
-    say(f"   first query answered after {queried:.1f}s, peak RSS {rss:,.0f} MiB")
-    return Recovery(nodes, users, store, ready, queried, ready_rss, rss)
+    say(f"   first query answered after {queried:.1f}s; first query of a user took "
+        f"{' / '.join(f'{f * 1000:,.0f} ms' for f in firsts)}; peak RSS {rss:,.0f} MiB")
+    return Recovery(nodes, users, store, ready, queried, ready_rss, rss, max(firsts))
 
 
 def wait_ready(worker: Worker, timeout: float = 3600) -> None:
@@ -700,10 +709,11 @@ def report(settings: Settings, args: argparse.Namespace, records: int, generator
         f"at-least-once; {args.users} users, each starting with {args.seen_ids} ids in its de-duplication window\n")
     of_quix = (lambda rate: f"{rate / quix.rate:.2f}×") if quix else (lambda rate: "–")
     cpu_of_quix = (lambda ms: f"{ms / quix.cpu_ms_per_record:.2f}×") if quix else (lambda ms: "–")
-    say("| run | workers | store | input records | time | records/s | of raw | of Quix peer | CPU / record | CPU of Quix peer's | peak RSS / worker |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|")
-    say(f"| load generator (producer only) | – | – | {records:,} | – | {generator:,.0f} | – | – | – | – | – |")
-    say(f"| raw consumer→producer copy | – | – | {records:,} | – | {raw:,.0f} | 100% | {of_quix(raw)} | – | – | – |")
+    if records:  # not with --recovery-only
+        say("| run | workers | store | input records | time | records/s | of raw | of Quix peer | CPU / record | CPU of Quix peer's | peak RSS / worker |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|")
+        say(f"| load generator (producer only) | – | – | {records:,} | – | {generator:,.0f} | – | – | – | – | – |")
+        say(f"| raw consumer→producer copy | – | – | {records:,} | – | {raw:,.0f} | 100% | {of_quix(raw)} | – | – | – |")
     if quix:
         say(f"| {quix.label} | 1 | dict | {quix.records:,} | {quix.seconds:.1f} s | {quix.rate:,.0f} | "
             f"{100 * quix.rate / raw:.1f}% | 1.00× | {quix.cpu_ms_per_record:.2f} ms | 1.00× | – |")
@@ -722,11 +732,11 @@ def report(settings: Settings, args: argparse.Namespace, records: int, generator
             f"{percentile(w, .5):,.0f} ms | {percentile(w, .99):,.0f} ms | "
             f"{percentile(lat.early_ms, .5):,.0f} ms | {percentile(lat.late_ms, .5):,.0f} ms | {100 * lat.busy:.0f}% |")
     if recoveries:
-        say("\n| recovery: nodes | users | store | /health ready | first query answered | peak RSS at ready | peak RSS |\n"
-            "|---|---|---|---|---|---|---|")
+        say("\n| recovery: nodes | users | store | /health ready | first query answered | slowest first query of a user "
+            "| peak RSS at ready | peak RSS |\n|---|---|---|---|---|---|---|---|")
         for c in recoveries:
             say(f"| {c.nodes:,} | {c.users} | {c.store} | {c.ready_s:.1f} s | {c.query_s:.1f} s | "
-                f"{c.ready_rss_mib:,.0f} MiB | {c.rss_mib:,.0f} MiB |")
+                f"{c.first_query_s * 1000:,.0f} ms | {c.ready_rss_mib:,.0f} MiB | {c.rss_mib:,.0f} MiB |")
 
 
 def report_profile(path: Path, top: int = 20) -> None:
@@ -767,6 +777,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="records/s of the latency run, comma-separated for several runs (0 = half the one-worker rate)")
     ap.add_argument("--recovery-nodes", default="100000,1000000", help="memory nodes to recover, comma-separated ('' = skip)")
     ap.add_argument("--recovery-users", type=int, default=100)
+    ap.add_argument("--recovery-only", action="store_true", help="only the recovery runs (no load, peers, throughput or latency runs)")
     ap.add_argument("--stores", default="rocksdb://,memory://", help="stores of the one-worker and recovery runs")
     ap.add_argument("--no-scaling", action="store_true", help="skip the two-worker run")
     ap.add_argument("--no-quix", action="store_true", help="skip the Quix Streams peer (its virtualenv is made on first use)")
@@ -776,6 +787,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run_all(settings: Settings, args: argparse.Namespace, run: Path) -> None:
     stores = [s for s in args.stores.split(",") if s]
+    if args.recovery_only:
+        report(settings, args, 0, 0.0, 0.0, [], [], recovery_runs(settings, args, stores, run))
+        return
     load = build_load(settings, args.users)
     say(f"== load: {len(load):,} records for {args.users} users: {dict(Counter(r.topic for r in load))}")
     state = history(settings, load, args.seen_ids)
@@ -799,6 +813,10 @@ def run_all(settings: Settings, args: argparse.Namespace, run: Path) -> None:
     if args.latency_seconds > 0 and runs:
         latencies = [latency_run(settings, load, state, runs[0], float(rate), args.latency_seconds, run)
                      for rate in args.latency_rate.split(",") if rate]
+    report(settings, args, len(load), generator, raw, runs, latencies, recovery_runs(settings, args, stores, run), quix)
+
+
+def recovery_runs(settings: Settings, args: argparse.Namespace, stores: list[str], run: Path) -> list[Recovery]:
     recoveries = []
     for nodes in (int(n) for n in args.recovery_nodes.split(",") if n):
         app_id = f"{run.name}-recovery-{nodes}"
@@ -806,7 +824,7 @@ def run_all(settings: Settings, args: argparse.Namespace, run: Path) -> None:
         write_state(settings, app_id, recovery_rows(settings, nodes, args.recovery_users),
                     nodes + args.recovery_users * state_rows_per_user(settings, settings.dedup_max_ids))
         recoveries += [recovery_run(settings, app_id, nodes, args.recovery_users, s, run) for s in stores]
-    report(settings, args, len(load), generator, raw, runs, latencies, recoveries, quix)
+    return recoveries
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,11 +39,14 @@ FAMILY_LABELS: dict[str, tuple[tuple[str, ...], str]] = {
     "violation": (("rule",), "Session lifecycle violations, by rule."),
     "negotiator": (("op",), "Negotiator requests handled, by op."),
     "housekeeping": (("kind",), "Housekeeping actions (e.g. expired nodes deleted), by kind."),
+    "memory_users": (("event",), "Users' memory state read from the memory-state table (`loaded`) and dropped from the bounded LRU (`evicted`)."),
 }
 
 GAUGE_HELP: dict[str, str] = {
-    "memory_users_contained": "Users whose memory state could not be rebuilt on this worker (records dead-lettered, queries 503).",
-    "memory_foreign_rows": "memory-state rows skipped at the last rebuild because their owner differs from their key.",
+    "memory_users_contained": "Users whose memory state could not be rebuilt on this worker (records dead-lettered, queries 503), among the users read since the last rebalance (a user is read on first touch).",
+    "memory_foreign_rows": "memory-state rows skipped because their owner differs from their key, among the users read since the last rebalance.",
+    "memory_users_loaded": "Users whose memory state this worker holds loaded (the LRU bounded by MEMSTREAM_LOADED_NODES_MAX).",
+    "memory_nodes_loaded": "Nodes (+1 per user) of the loaded users, the figure bounded by MEMSTREAM_LOADED_NODES_MAX (pinned users of the running batch may exceed it).",
 }
 
 _NAME_OK = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")

@@ -21,8 +21,10 @@ log), key `motebit_id/node_id` → a node row, key `motebit_id/~seen/k` → seal
 de-duplication window (so a write does not carry the whole window), and one small side row per
 deleted node id (`~del/<id>`), deleted content fingerprint (`~fp/<sha256>`) and pin
 (`~pin/<node_id>`), so that no row grows with a user's history. The per-user `UserMemory` with its
-similarity index is derived: a cache rebuilt from the table after every rebalance (so after a
-restart or a partition move the index is rebuilt from the recovered changelog).
+similarity index is derived: read from that user's rows on first touch (a prefix scan of its
+partition's RocksDB: `streams.agents.state_scan`) into an LRU bounded by MEMSTREAM_LOADED_NODES_MAX
+(`streams.agents.user_cache`), and dropped at every rebalance (so after a restart or a partition
+move a user is read again from the recovered changelog, when it is next needed).
 
 Write order (streams/effects.py): a batch's outputs are sent and acknowledged first; then the
 aux rows, then the node rows. So "the input is marked seen" implies "its outputs are durable",
@@ -33,12 +35,10 @@ crash re-processes the unwritten part of a batch with the same derived ids.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 import uuid
-from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import orjson
 from faust.web import Request, Response
@@ -70,9 +70,11 @@ from ..core.negotiator import (
     validate_request,
 )
 from ..core.redaction import relay_events, threshold_for
-from ..core.state import SEEN_CHUNK_KEY, SIDE_PREFIXES
+from ..core.state import SEEN_CHUNK_KEY
 from ..deadletter import STAGE_APPLY, STAGE_VALIDATE
 from ..core.vocabulary import SENSITIVITY_LEVELS
+from . import state_scan
+from .user_cache import UserCache, load_user, may_expire
 from ..http import SCOPE_ADMIN, SCOPE_NEGOTIATOR, BadRequest, Token, authenticated, mask_node, parse_ms, visible
 
 if TYPE_CHECKING:
@@ -132,7 +134,14 @@ def policies(rt: "Runtime") -> tuple[ConsolidationPolicy, PromotionPolicy]:
 
 
 class MemoryStore:
-    """The partition-local memory state of this worker: tables + the derived per-user cache."""
+    """The partition-local memory state of this worker: the tables, and the per-user
+    `UserMemory` derived from them, loaded on first touch into a bounded LRU
+    (`streams.agents.user_cache`; bound: MEMSTREAM_LOADED_NODES_MAX).
+
+    A user is loaded from its own rows only (`state_scan.user_rows`: a prefix scan of its
+    partition's RocksDB) when a record, a housekeeping sweep or an HTTP query first needs it.
+    Nothing is read at a rebalance: it only drops the loaded users (`_on_rebalance`), so a
+    restarted worker is ready as soon as Faust has restored the changelog."""
 
     def __init__(self, rt: "Runtime") -> None:
         self.rt = rt
@@ -140,114 +149,134 @@ class MemoryStore:
         self.negotiator = rt.table("negotiator")
         self.relay_policy = rt.table("relay-policy")  # motebit_id -> consented threshold
         self.lock = asyncio.Lock()  # one writer at a time: the agent's batches, the timer's sweeps
-        self.cache: dict[str, UserMemory] = {}
-        self.redo: dict[str, dict[str, Any]] = {}  # user -> redo-log rows not yet rewritten
+        self.users = UserCache(rt.settings.loaded_nodes_max)
+        self.redo: dict[str, dict[str, Any]] = {}  # loaded user -> redo-log rows not yet rewritten
         self.corrupt: dict[str, str] = {}  # user -> why its rows could not be rebuilt (contained)
+        self.foreign: dict[str, int] = {}  # user -> rows under its keys owned by another user
         self.index_config = rt.settings.index_config()
         self.valid = False
         rt.app.on_partitions_assigned.connect(self._on_rebalance)
         rt.app.on_partitions_revoked.connect(self._on_rebalance)
-        # and again once the new partitions' changelogs are recovered (a rebuild in between,
-        # e.g. by an HTTP query, would have seen half-recovered tables)
+        # and again once the new partitions' changelogs are recovered (a user loaded in
+        # between, e.g. by an HTTP query, may have been read from a half-recovered table)
         rt.app.on_rebalance_complete.connect(self._on_rebalance)
 
     async def _on_rebalance(self, *args: Any, **kwargs: Any) -> None:
         self.valid = False
 
-    # DerivedCache (streams.effects): refreshed before every batch, dropped after a failed one
+    # DerivedCache (streams.effects): `refresh` before every batch attempt (the previous one is
+    # written, or dropped by `invalidate`), `invalidate` after a failed attempt.
     def refresh(self) -> None:
         if not self.valid:
-            self._rebuild()
+            self._reset()
+        else:
+            self._forget(self.users.unpin_all())
 
     def invalidate(self) -> None:
-        self.valid = False
+        """The failed attempt's effects are in the users it touched (pinned): drop those, they
+        are loaded again from the table; every other loaded user is as the table has it."""
+        pinned = list(self.users.pinned)
+        self.users.drop(pinned)
+        self._forget(pinned, evicted=False)
 
-    def _rebuild(self) -> None:
-        """Rebuild every local user's state from the table (after recovery / a rebalance).
-
-        A row is classified by what it holds, not only by its key: a row under `<user>/...`
-        or `<user>` whose `motebit_id` is another user's (left by an older version that let
-        ids contain the key separator) is skipped and counted. A user whose rows still cannot
-        be rebuilt is *contained*: recorded in `corrupt`, its records are dead-lettered with the
-        reason (nothing is applied on top of state that is not there) and its queries answer 503,
-        while every other user is served as usual."""
-        gc.unfreeze()  # the cache being replaced may become garbage (cycles included)
-        by_user: dict[str, list[dict]] = defaultdict(list)
-        chunks: dict[str, dict[int, list]] = defaultdict(dict)
-        side: dict[str, dict[str, Any]] = defaultdict(dict)  # deleted ids / fingerprints, pins
-        aux: dict[str, dict] = {}
-        corrupt: dict[str, str] = {}
-        foreign = 0
-        for key, row in self.state.items():
-            if row is None:
-                continue
-            user, sep, rest = key.partition(NODE_KEY_SEP)
-            if sep and rest.startswith(SEEN_CHUNK_KEY):
-                try:
-                    chunks[user][int(rest[len(SEEN_CHUNK_KEY):])] = row
-                except ValueError:
-                    corrupt.setdefault(user, f"unreadable de-duplication chunk row {key[:200]!r}")
-                continue
-            if sep and rest.startswith(SIDE_PREFIXES):
-                side[user][rest] = row
-                continue
-            owner = row.get("motebit_id") if isinstance(row, dict) else None
-            if owner != user:
-                foreign += 1
-                continue
-            if not sep and "node_id" not in row:
-                aux[user] = row
-            elif sep and "node_id" in row:
-                by_user[user].append(row)
-            else:
-                corrupt.setdefault(user, f"row {key[:200]!r} is neither an aux row nor a node row")
-        self.cache = {}
-        for u in set(by_user) | set(aux) | set(side):
-            if u in corrupt:
-                continue
-            try:
-                self.cache[u] = UserMemory.from_nodes(u, by_user.get(u, ()), aux.get(u), seen_chunks=chunks.get(u),
-                                                      side_rows=side.get(u), dedup_max_ids=self.rt.settings.dedup_max_ids,
-                                                      index_config=self.index_config)
-            except Exception as exc:  # noqa: BLE001 - one user's bad rows must not stop the others
-                corrupt[u] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        for u, why in corrupt.items():
-            log.error("memory state of user %r cannot be rebuilt (%s): its records are dead-lettered and its "
-                      "queries answer 503 until the rows are repaired", u[:200], why)
-        if foreign:
-            log.warning("memory state: skipped %d rows whose owner differs from their key (left by a version "
-                        "that allowed %r in ids; see README, 'State from earlier versions')", foreign, NODE_KEY_SEP)
-        self.corrupt = corrupt
-        self.rt.metrics.set_gauge("memory_users_contained", len(corrupt))
-        self.rt.metrics.set_gauge("memory_foreign_rows", foreign)
-        # The cache applied each aux row's redo log; the table gets those rows again with the
-        # user's next write (a write needs an event of the user's partition), before the aux
-        # row is rewritten without them.
-        self.redo = {u: dict(row["pending"]) for u, row in aux.items() if row.get("pending") and u not in corrupt}
+    def _reset(self) -> None:
+        """Forget every loaded user (after a rebalance): each is read again on first touch."""
+        self.users.clear()
+        self.redo.clear()
+        self.corrupt.clear()
+        self.foreign.clear()
         self.valid = True
-        gc.freeze()  # the rebuilt state is long-lived: keep it out of every later collection
-        log.info("memory state rebuilt: %d users, %d nodes", len(self.cache), sum(map(len, by_user.values())))
+        self._gauges()
+
+    def _forget(self, users: list[str], evicted: bool = True) -> None:
+        if users and evicted:
+            self.rt.count("memory_users:evicted", len(users))
+        for u in users:
+            self.redo.pop(u, None)  # the aux row still has it: read again with the user
+
+    def _gauges(self) -> None:
+        self.rt.metrics.set_gauge("memory_users_contained", len(self.corrupt))
+        self.rt.metrics.set_gauge("memory_foreign_rows", sum(self.foreign.values()))
+        self.rt.metrics.set_gauge("memory_users_loaded", len(self.users))
+        self.rt.metrics.set_gauge("memory_nodes_loaded", self.users.total)
 
     def _readable(self) -> None:
-        # A reader outside a batch (HTTP) rebuilds a stale cache; inside one the batch's own
-        # cache stays (it holds the batch's effects not yet in the tables).
+        # A reader outside a batch (HTTP) drops stale users; inside one the loaded users stay
+        # (the batch's own hold its effects not yet in the tables).
         if not self.valid and not self.lock.locked():
-            self._rebuild()
+            self._reset()
 
-    def local_users(self):
-        self._readable()
-        return self.cache.items()
+    def _load(self, motebit_id: str, rows: list | None = None) -> tuple[UserMemory | None, dict]:
+        """Read a user from its rows: its state and the redo log of its aux row, or (None, {})
+        for a user whose rows cannot be rebuilt (contained: recorded in `corrupt`). Not cached."""
+        if rows is None:
+            rows = state_scan.user_rows(self.state, motebit_id, self.rt.partition_of(motebit_id))
+        loaded = load_user(motebit_id, rows, dedup_max_ids=self.rt.settings.dedup_max_ids,
+                           index_config=self.index_config)
+        if loaded.foreign:
+            if motebit_id not in self.foreign:
+                log.warning("memory state of %r: skipped %d rows whose owner differs from their key (left by a "
+                            "version that allowed %r in ids; see README, 'State from earlier versions')",
+                            motebit_id[:200], loaded.foreign, NODE_KEY_SEP)
+            self.foreign[motebit_id] = loaded.foreign
+        if loaded.memory is None:
+            if motebit_id not in self.corrupt:
+                log.error("memory state of user %r cannot be rebuilt (%s): its records are dead-lettered and its "
+                          "queries answer 503 until the rows are repaired", motebit_id[:200], loaded.corrupt)
+            self.corrupt[motebit_id] = loaded.corrupt or "unreadable rows"
+            self._gauges()
+        return loaded.memory, loaded.redo
+
+    def _keep(self, motebit_id: str, um: UserMemory, redo: dict) -> None:
+        """Cache a loaded user with its redo log (rewritten by its next write: `stage`); inside
+        a batch it is pinned until the batch is written."""
+        self.rt.count("memory_users:loaded")
+        self._forget(self.users.put(motebit_id, um, pin=effects.current_batch() is not None))
+        if redo:
+            self.redo[motebit_id] = redo
+        self._gauges()
 
     def user(self, motebit_id: str) -> UserMemory:
-        """The user's state; raises `UserContained` for a user whose rows could not be rebuilt."""
+        """The user's state (loaded on first touch); raises `UserContained` for a user whose rows
+        could not be rebuilt. Inside a batch the user is pinned until the batch is written."""
         self._readable()
         if motebit_id in self.corrupt:
             raise UserContained(motebit_id, self.corrupt[motebit_id])
-        um = self.cache.get(motebit_id)
+        um = self.users.get(motebit_id, pin=effects.current_batch() is not None)
         if um is None:
-            um = self.cache[motebit_id] = UserMemory(motebit_id, dedup_max_ids=self.rt.settings.dedup_max_ids,
-                                                     index_config=self.index_config)
+            um, redo = self._load(motebit_id)
+            if um is None:
+                raise UserContained(motebit_id, self.corrupt[motebit_id])
+            self._keep(motebit_id, um, redo)
         return um
+
+    def partition_users(self, partition: int, wanted: Callable[[list], bool] | None = None
+                        ) -> Iterator[tuple[str, UserMemory | None, dict | None]]:
+        """`(user, state, redo)` of every user of a local partition, for a sweep. A loaded user
+        comes as it is (redo None); any other is read from the table one at a time, skipped
+        unless `wanted(rows)`, and *not* cached, so a sweep does not flush the LRU:
+        `keep(user, state, redo)` caches one that the sweep changes. Contained users are skipped."""
+        self._readable()
+        for user, rows in state_scan.users_rows(self.state, partition, self.rt.partition_of):
+            if user in self.corrupt:
+                continue
+            um = self.users.get(user)
+            if um is not None:
+                yield user, um, None
+                continue
+            read = rows()
+            if wanted is not None and not wanted(read):
+                yield user, None, None  # one user read: the caller lets the event loop run
+                continue
+            um, redo = self._load(user, read)
+            if um is not None:
+                yield user, um, redo
+
+    def keep(self, motebit_id: str, um: UserMemory, redo: dict | None) -> None:
+        """A user from `partition_users` that the batch changes: cached (and pinned) so that the
+        batch's effects stay with it until they are written."""
+        if self.users.get(motebit_id, pin=effects.current_batch() is not None) is None:
+            self._keep(motebit_id, um, redo or {})
 
     def stage(self, motebit_id: str, um: UserMemory, out: Outcome) -> None:
         """Stage the user's rows after an outcome: the aux row first (with the batch's other
@@ -422,14 +451,21 @@ def register(rt: "Runtime") -> None:
                     "removed" if step.remove_relay_policy else "none", step.receipt["steps"])
 
     async def housekeeping(partition: int, now_ms: int) -> None:
-        """Decay and retention for the users of one partition (a partition-local timer)."""
-        for user, um in list(store.local_users()):
-            if rt.partition_of(user) != partition:
+        """Decay and retention for the users of one partition (a partition-local timer): each
+        user's rows are read in turn (a loaded user is used as it is), a user's state is built
+        only when one of its node rows expires (`may_expire`), only a changed user is kept in
+        the cache, and the event loop runs between users."""
+        for user, um, redo in store.partition_users(partition, lambda rows: may_expire(rows, now_ms, retention)):
+            if um is None:  # not loaded, and nothing of it expires now
+                await asyncio.sleep(0)
                 continue
             out = sweep_memory(um, now_ms, retention)
             if out.ledger or out.node_deletions:
+                store.keep(user, um, redo)
                 rt.count("housekeeping:deleted", len(out.node_deletions))
                 await emit(user, um, out)
+            else:
+                await asyncio.sleep(0)
 
     rt.ticks("memory-housekeeping", catalog.MEMORY_CANDIDATES, housekeeping, cache=store, lock=store.lock)
     pending_replies: dict[str, asyncio.Future] = {}

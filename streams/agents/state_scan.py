@@ -1,0 +1,121 @@
+"""Reading one user's `memory-state` rows without reading the whole table: the ONE place that
+uses Faust's store internals (faust-streaming 0.15.3, pinned in pyproject.toml).
+
+Faust's RocksDB store (`faust/stores/rocksdb.py`) keeps one `rocksdict.Rdict` per table
+partition (`Store._dbs[partition]`, opened in raw mode by `Store._db_for_partition`), with each
+row stored under the bytes of the table's key serializer (here `utf8-key`: the key's UTF-8 bytes,
+`streams.faust_codecs`) and its value under the value serializer's bytes (JSON; decoded by
+`Store._decode_value`). A user's rows are in the partition of the user (the changelog partition
+of the event that wrote them: `Runtime.partition_of(user)`), under the keys `<user>` (the aux
+row) and `<user>/<rest>`; RocksDB sorts keys bytewise, so `<user>/…` is one contiguous range
+[`<user>/`, `<user>0`) (`0` follows `/` in ASCII) — a prefix scan (one more seek per other
+partition: `user_rows`). Only partitions active on this worker are read (as the table's
+`items()` does: `Store._dbs_for_actives`).
+
+Any other store (memory://, or a table without a RocksDB `_dbs`) falls back to a scan of the
+table's items: right, but it reads every row, so memory:// pays a full scan per user loaded
+(it is for tests and development; production uses rocksdb://).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from faust.types import TP, TableT
+
+from .user_cache import KEY_SEP, group_rows
+
+_SEP = KEY_SEP.encode()
+_AFTER_SEP = bytes([_SEP[0] + 1])  # the first byte sorting after every `<user>/…` key
+
+
+def _rocksdb(table: TableT) -> Any | None:
+    """The RocksDB store of a table (rocksdict driver), or None for any other store."""
+    store = table.data
+    if hasattr(store, "_dbs") and getattr(store, "use_rocksdict", False) and hasattr(store, "_db_for_partition"):
+        return store
+    return None
+
+
+def _active(store: Any, table: TableT, partition: int) -> bool:
+    """Whether the partition is active here: the table's own `items()` reads only those
+    (`Store._dbs_for_actives`: a standby copy is not read)."""
+    tp = TP(topic=table.changelog_topic_name, partition=partition)
+    return table.is_global or tp in store.app.assignor.assigned_actives()
+
+
+def _active_db(store: Any, table: TableT, partition: int) -> Any | None:
+    """The partition's Rdict when the partition is active here, else None (no rows)."""
+    if not _active(store, table, partition):
+        return None
+    return store._db_for_partition(partition)  # opens it if Faust has not yet (as its own _get does)
+
+
+def user_rows(table: TableT, user: str, partition: int) -> list[tuple[str, Any]]:
+    """Every row `(key, value)` of `user` (keys `<user>` and `<user>/…`), values decoded: the
+    range of its partition `partition`, then the same range of every other active partition,
+    which is empty unless a row was put there by hand (the worker writes a user's rows only in
+    events of its partition); read so that such a row is seen, as a scan of the table would."""
+    store = _rocksdb(table)
+    if store is None:
+        prefix = user + KEY_SEP
+        return [(k, v) for k, v in table.items() if k == user or k.startswith(prefix)]
+    others = sorted(p for p in list(store._dbs) if p != partition and _active(store, table, p))
+    dbs = [db for p in [partition, *others] if (db := _active_db(store, table, p)) is not None]
+    decode = store._decode_value
+    head = user.encode()
+    start, end = head + _SEP, head + _AFTER_SEP
+    out = []
+    for db in dbs:
+        aux = db.get(head)
+        if aux is not None:
+            out.append((user, decode(aux)))
+        for key, value in db.items(from_key=start):
+            if key >= end:
+                break
+            out.append((key.decode(), decode(value)))
+    return out
+
+
+def partition_users(table: TableT, partition: int, partition_of) -> list[str]:
+    """The users of `partition` (`partition_of(user) == partition`) with rows in it, in key order.
+    RocksDB: a skip scan that reads one key per user (an aux row key, or the first key of a
+    `<user>/…` range, after which it seeks past the range), not the user's rows."""
+    store = _rocksdb(table)
+    if store is None:
+        return sorted({k.partition(KEY_SEP)[0] for k in table.keys() if partition_of(k.partition(KEY_SEP)[0]) == partition})
+    db = _active_db(store, table, partition)
+    if db is None:
+        return []
+    offset_key = store.offset_key
+    users: dict[str, None] = {}
+    it = db.iter()
+    it.seek_to_first()
+    while it.valid():
+        key = it.key()
+        if key == offset_key:
+            it.next()
+            continue
+        head, sep, _rest = key.partition(_SEP)
+        user = head.decode()
+        if partition_of(user) == partition:
+            users[user] = None
+        if sep:
+            it.seek(head + _AFTER_SEP)  # past this user's `<user>/…` range
+        else:
+            it.next()  # an aux row: its range (if any) follows, maybe after other users' keys
+    return list(users)
+
+
+def users_rows(table: TableT, partition: int, partition_of) -> Iterator[tuple[str, Callable[[], list]]]:
+    """`(user, rows)` for every user of `partition`, one user at a time, `rows()` reading that
+    user's rows when called: RocksDB reads each user's range then; another store is read once and
+    grouped."""
+    if _rocksdb(table) is None:
+        grouped = group_rows((k, v) for k, v in table.items() if partition_of(k.partition(KEY_SEP)[0]) == partition)
+        for user in sorted(grouped):
+            rows = grouped.pop(user)
+            yield user, (lambda rows=rows: rows)
+        return
+    for user in partition_users(table, partition, partition_of):
+        yield user, (lambda user=user: user_rows(table, user, partition))

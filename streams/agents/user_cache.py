@@ -1,0 +1,223 @@
+"""The memory agent's per-user state, loaded on first touch and kept in a bounded LRU.
+
+No Kafka or Faust here: `load_user` turns the `memory-state` rows of ONE user into its
+`UserMemory` (the rules `MemoryStore` applied to the whole table at every rebalance before),
+and `UserCache` bounds how much of that derived state a worker keeps. Where the rows come from
+(a prefix scan of the partition's RocksDB, or a scan of the table) is `streams.agents.state_scan`.
+
+Row classification (`load_user`; the key is `<user>` or `<user>/<rest>`, see
+`streams.agents.memory.node_key`): `<user>/~seen/<k>` is sealed chunk k of the de-duplication
+window (a non-integer k: the user cannot be rebuilt), `<user>/~del/…`, `~fp/…`, `~pin/…` are side
+rows, and any other row is classified by what it holds — an aux row (no `node_id`) under `<user>`,
+a node row under `<user>/<node_id>`. A row whose `motebit_id` is another user's (left by an older
+version that let ids contain `/`) is skipped and counted (`foreign`). A user whose rows are
+neither, or that `UserMemory.from_nodes` refuses, is *contained* (`corrupt`: the reason).
+
+A lazily loaded user is built by the same `UserMemory.from_nodes` call from the same rows as the
+eager rebuild of every user did, so it decides exactly as before (tests/agents/test_user_cache.py
+compares the two on generated tables).
+
+Bound (`UserCache`): the loaded users' weights (`weight`: nodes + 1) add up to at most
+`max_nodes`, except that a *pinned* user is never evicted (the memory agent pins every user its
+current batch touched until that batch's rows are written: its `UserMemory` holds the batch's
+effects, which the table does not have yet) and the user just loaded stays even when it alone is
+over the bound. Eviction is least recently used first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from ..core import UserMemory
+from ..core.similarity import IndexConfig
+from ..core.housekeeping import HousekeepingPolicy, prune_reason
+from ..core.nodes import NODE_FIELDS, complete_node
+from ..core.state import SEEN_CHUNK_KEY, SIDE_PREFIXES
+
+KEY_SEP = "/"  #: a user id never contains it (validated at ingest): the first one ends the user id
+_INTERNAL = (SEEN_CHUNK_KEY, *SIDE_PREFIXES)  #: row suffixes that are not node ids
+_NODE_FIELDS = frozenset(NODE_FIELDS)
+
+
+@dataclass
+class Loaded:
+    """One user's rows, read: its state, or why it cannot be rebuilt."""
+
+    memory: UserMemory | None  #: None when contained (or when the rows were all foreign / absent: see `known`)
+    corrupt: str | None = None  #: why the rows cannot be rebuilt (the user is contained)
+    foreign: int = 0  #: rows under the user's keys that belong to another user (skipped)
+    redo: dict[str, Any] = field(default_factory=dict)  #: the aux row's `pending`, rewritten on the next write
+    rows: int = 0  #: rows read (foreign ones included)
+
+
+def load_user(user: str, rows: Iterable[tuple[str, Any]], *, dedup_max_ids: int,
+              index_config: IndexConfig | None = None) -> Loaded:
+    """The user's state from its rows `(key, row)` (keys `<user>` and `<user>/<rest>` only;
+    None rows are tombstones and skipped). A user without rows (or with foreign ones only) gets
+    an empty `UserMemory`, as a first record of a new user does."""
+    nodes: list[dict] = []
+    chunks: dict[int, list] = {}
+    side: dict[str, Any] = {}
+    aux: dict | None = None
+    corrupt: str | None = None
+    foreign = count = 0
+    for key, row in rows:
+        count += 1
+        owner_key, sep, rest = key.partition(KEY_SEP)
+        if owner_key != user:
+            raise ValueError(f"row {key[:200]!r} is not a row of {user[:200]!r}")
+        if row is None:
+            continue
+        if sep and rest.startswith(SEEN_CHUNK_KEY):
+            try:
+                chunks[int(rest[len(SEEN_CHUNK_KEY):])] = row
+            except ValueError:
+                corrupt = corrupt or f"unreadable de-duplication chunk row {key[:200]!r}"
+            continue
+        if sep and rest.startswith(SIDE_PREFIXES):
+            side[rest] = row
+            continue
+        owner = row.get("motebit_id") if isinstance(row, dict) else None
+        if owner != user:
+            foreign += 1
+            continue
+        if not sep and "node_id" not in row:
+            aux = row
+        elif sep and "node_id" in row:
+            nodes.append(row)
+        else:
+            corrupt = corrupt or f"row {key[:200]!r} is neither an aux row nor a node row"
+    if corrupt is None:
+        try:
+            um = UserMemory.from_nodes(user, nodes, aux, seen_chunks=chunks, side_rows=side,
+                                       dedup_max_ids=dedup_max_ids, index_config=index_config)
+        except Exception as exc:  # noqa: BLE001 - one user's bad rows must not stop the others
+            corrupt = f"{type(exc).__name__}: {str(exc)[:300]}"
+    if corrupt is not None:
+        return Loaded(None, corrupt, foreign, rows=count)
+    redo = dict(aux["pending"]) if aux and aux.get("pending") else {}
+    return Loaded(um, None, foreign, redo, count)
+
+
+def may_expire(rows: Iterable[tuple[str, Any]], now_ms: int, policy: HousekeepingPolicy) -> bool:
+    """Whether a housekeeping sweep at `now_ms` could change the user these rows hold, read
+    without building its state: some node row, stored or in the aux row's redo log, is expired
+    (`prune_reason`). It checks a superset of the nodes `load_user` would keep (foreign rows and
+    rows the redo log replaces included), so False means `sweep_memory` of the loaded user finds
+    nothing; a row it cannot read says True (the full load then decides, or contains the user)."""
+    for key, row in rows:
+        if row is None:
+            continue
+        _user, sep, rest = key.partition(KEY_SEP)
+        try:
+            if not sep:
+                pending = row.get("pending") or {}
+                nodes = [r for k, r in pending.items() if r is not None and not k.startswith(_INTERNAL)]
+            elif rest.startswith(_INTERNAL):
+                continue
+            else:
+                nodes = [row]
+            # a row the worker wrote is a complete node (every NODE_FIELDS key): `complete_node`
+            # would change nothing `prune_reason` reads, and costs 3x the rule itself
+            if any(prune_reason(n if n.keys() >= _NODE_FIELDS else complete_node(n), now_ms, policy) is not None
+                   for n in nodes):
+                return True
+        except Exception:  # noqa: BLE001 - unreadable: let the full load decide
+            return True
+    return False
+
+
+def group_rows(rows: Iterable[tuple[str, Any]]) -> dict[str, list[tuple[str, Any]]]:
+    """`(key, row)` pairs of any users, grouped by user (the eager path, and a store that cannot
+    scan one user's keys)."""
+    out: dict[str, list[tuple[str, Any]]] = defaultdict(list)
+    for key, row in rows:
+        out[key.partition(KEY_SEP)[0]].append((key, row))
+    return out
+
+
+def weight(um: UserMemory) -> int:
+    """What a loaded user counts against the bound: its nodes (live and superseded) + 1."""
+    return len(um) + 1
+
+
+class UserCache:
+    """Loaded users, least recently used first, bounded by `max_nodes` (see the module doc)."""
+
+    def __init__(self, max_nodes: int) -> None:
+        if max_nodes < 1:
+            raise ValueError("max_nodes must be >= 1")
+        self.max_nodes = max_nodes
+        self._users: OrderedDict[str, UserMemory] = OrderedDict()
+        self._weights: dict[str, int] = {}
+        self.pinned: set[str] = set()
+        self.total = 0  #: sum of the weights (as of each user's last `put` / `unpin_all`)
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._users)
+
+    def __contains__(self, user: str) -> bool:
+        return user in self._users
+
+    def users(self) -> list[str]:
+        """Loaded users, least recently used first."""
+        return list(self._users)
+
+    def get(self, user: str, pin: bool = False) -> UserMemory | None:
+        um = self._users.get(user)
+        if um is not None:
+            self._users.move_to_end(user)
+            if pin:
+                self.pinned.add(user)
+        return um
+
+    def put(self, user: str, um: UserMemory, pin: bool = False) -> list[str]:
+        """Add (or replace) a user as the most recently used; returns the users evicted."""
+        self.total += weight(um) - self._weights.get(user, 0)
+        self._weights[user] = weight(um)
+        self._users[user] = um
+        self._users.move_to_end(user)
+        if pin:
+            self.pinned.add(user)
+        return self._evict(keep=user)
+
+    def unpin_all(self) -> list[str]:
+        """The batch that pinned users is written: re-weigh them (they may have grown), let them
+        go and evict down to the bound; returns the users evicted."""
+        for user in self.pinned:
+            um = self._users.get(user)
+            if um is not None:
+                self.total += weight(um) - self._weights[user]
+                self._weights[user] = weight(um)
+        self.pinned.clear()
+        return self._evict(keep=None)
+
+    def drop(self, users: Iterable[str]) -> None:
+        for user in users:
+            if self._users.pop(user, None) is not None:
+                self.total -= self._weights.pop(user)
+            self.pinned.discard(user)
+
+    def clear(self) -> None:
+        self._users.clear()
+        self._weights.clear()
+        self.pinned.clear()
+        self.total = 0
+
+    def _evict(self, keep: str | None) -> list[str]:
+        evicted: list[str] = []
+        if self.total <= self.max_nodes:
+            return evicted
+        for user in list(self._users):
+            if self.total <= self.max_nodes:
+                break
+            if user == keep or user in self.pinned:
+                continue
+            del self._users[user]
+            self.total -= self._weights.pop(user)
+            evicted.append(user)
+        self.evictions += len(evicted)
+        return evicted
