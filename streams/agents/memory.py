@@ -325,17 +325,18 @@ def register(rt: "Runtime") -> None:
             await rt.dead_letter(event, STAGE_VALIDATE, f"{rej.code}: {rej.detail}", rej.code,
                                  keep_value=not rej.redact_value)
         if out.duplicate:
-            rt.count(f"duplicate:{topic}")
+            rt.metrics.inc_label("duplicate", topic)
             return
         if out.decision is not None:
-            rt.count(f"decision:{out.decision.action}")
+            rt.metrics.inc_label("decision", out.decision.action)
         await emit(key, um, out)
 
     async def emit(key: str, um: UserMemory, out: Outcome) -> None:
         """Send an outcome (ledger and its relay view, quarantine, node rows) and stage the
         user's rows (written once the batch's outputs are acknowledged: streams.effects)."""
-        threshold = threshold_for(key, store.relay_policy, rt.settings.relay_threshold)
         relayed = []
+        if out.ledger:  # a table read: only when there is something to relay
+            threshold = threshold_for(key, store.relay_policy, rt.settings.relay_threshold)
         for ev in out.ledger:
             await rt.send(catalog.MEMORY_LEDGER, key, ev)
             for peer_ev in relay_events(ev, threshold, um.deleted_node_ids,
