@@ -139,6 +139,9 @@ class MemoryStore:
         self.state = rt.table(STATE_TABLE)  # motebit_id -> aux row; motebit_id/node_id -> node row
         self.negotiator = rt.table("negotiator")
         self.relay_policy = rt.table("relay-policy")  # motebit_id -> consented threshold
+        #: motebit_id -> its relay-policy row (None: no override), read once per user: the table's
+        #: one writer (the relay-policy agent) drops a user's entry when it writes, a rebalance all
+        self.relay_overrides: dict[str, Any] = {}
         self.lock = asyncio.Lock()  # one writer at a time: the agent's batches, the timer's sweeps
         self.cache: dict[str, UserMemory] = {}
         self.redo: dict[str, dict[str, Any]] = {}  # user -> redo-log rows not yet rewritten
@@ -153,6 +156,16 @@ class MemoryStore:
 
     async def _on_rebalance(self, *args: Any, **kwargs: Any) -> None:
         self.valid = False
+        self.relay_overrides.clear()
+
+    def relay_threshold(self, motebit_id: str) -> str:
+        """`threshold_for` the user (its override, else MEMSTREAM_RELAY_THRESHOLD), without a
+        table read per record."""
+        if motebit_id not in self.relay_overrides:
+            self.relay_overrides[motebit_id] = self.relay_policy.get(motebit_id)
+        override = self.relay_overrides[motebit_id]
+        return threshold_for(motebit_id, None if override is None else {motebit_id: override},
+                             self.rt.settings.relay_threshold)
 
     # DerivedCache (streams.effects): refreshed before every batch, dropped after a failed one
     def refresh(self) -> None:
@@ -336,7 +349,7 @@ def register(rt: "Runtime") -> None:
         user's rows (written once the batch's outputs are acknowledged: streams.effects)."""
         relayed = []
         if out.ledger:  # a table read: only when there is something to relay
-            threshold = threshold_for(key, store.relay_policy, rt.settings.relay_threshold)
+            threshold = store.relay_threshold(key)
         for ev in out.ledger:
             await rt.send(catalog.MEMORY_LEDGER, key, ev)
             for peer_ev in relay_events(ev, threshold, um.deleted_node_ids,
@@ -445,6 +458,7 @@ def register(rt: "Runtime") -> None:
             user = event.message.key.decode()
             if event.message.value.startswith(b"{") and "erase" in (removal := orjson.loads(event.message.value)):
                 old = store.relay_policy.pop(user, None)  # a changelog tombstone
+                store.relay_overrides.pop(user, None)
                 log.warning("security audit: relay threshold override of %s (%s) removed by erasure %s",
                             user, old or "none", removal["erase"])
                 continue
@@ -458,6 +472,7 @@ def register(rt: "Runtime") -> None:
                      "applied_at": int(time.time() * 1000), "worker": change["worker"]}
             await rt.send(catalog.SECURITY_AUDIT, user, audit)  # before the change takes effect
             store.relay_policy[user] = level
+            store.relay_overrides.pop(user, None)
             log.warning("security audit: relay threshold of %s changed %s -> %s by token %s (requested %d at %s)",
                         user, old or f"default ({rt.settings.relay_threshold})", level, change["token"],
                         change["requested_at"], change["worker"] or "?")
