@@ -22,15 +22,17 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
 
 import faust
+from faust.types import TP
 
 from . import catalog, deadletter, effects, faust_codecs
 from .analytics import classify_dead_letter
 from .core.partitioning import misrouted, partition_for
 from .http import PartitionRouter, ServerLimits, api_view, install_server_limits, parse_tokens
 from .metrics import Metrics
+from .outputs import OutputProducer, OutputsFailed
 from .rebalance import RebalanceSafeConsumer
 from .settings import Settings
-from .wire import CodecFactory, RegistryError, WireFormatError, confluent_schema_id, decode_key
+from .wire import CodecFactory, RegistryError, WireFormatError, confluent_schema_id, decode_key, encode_key
 
 if TYPE_CHECKING:
     from .probe import WorkerProbe
@@ -39,6 +41,8 @@ log = logging.getLogger("memstream")
 
 #: Exit status of a worker stopped because an agent itself failed (not one record).
 EXIT_AGENT_FAILED = 70
+#: Dead letters are logged at info at most once per this many seconds (each one at debug).
+DLQ_LOG_INTERVAL_S = 5.0
 
 Handler = Callable[[faust.types.EventT, str, dict], Awaitable[None]]
 
@@ -110,13 +114,26 @@ class Runtime:
                     value_serializer=faust_codecs.codec_name(spec.value_schema),
                     partitions=spec.partitions(settings),
                 )
+        #: output topic -> its value encoder (the bytes Faust's `avro-<schema>` codec writes)
+        self._encoders: dict[str, Callable[[dict], bytes]] = {
+            spec.name: self.codecs.codec(spec.value_schema).encode for spec in catalog.topics()
+            if spec.direction != "in"}
+        #: the agents' outputs (streams/outputs.py); None: through Faust's producer (the earlier path)
+        self.output_producer: OutputProducer | None = None
+        if settings.output_producer == "librdkafka":
+            self.output_producer = OutputProducer.for_worker(
+                settings.broker, f"{settings.app_id}-outputs", settings.producer_linger_ms,
+                self.app.conf.producer_max_request_size)
         self.metrics = Metrics()
         # set by the analytics agent; other agents call it with classified increments
         self.feed_analytics: Callable[[Any], None] = lambda increments: None
         # set by the analytics agent: stage the removal of a subject's analytics row (an erasure)
         self.erase_analytics: Callable[[str], None] = lambda subject: None
         self._dlq_index: dict[tuple[str, int], tuple[int, int]] = {}
+        self._dlq_logged_at = float("-inf")  # when a dead letter was last logged at info
+        self._dlq_unlogged = 0  # dead letters since, logged at debug only
         self.tables: dict[str, faust.types.TableT] = {}
+        self._changelogs: dict[str, faust.types.TableT] = {}  # changelog topic -> its table
         #: (name, partitions, retention ms) of the internal topics: the worker creates them first
         self.internal_topics: list[tuple[str, int, int | None]] = []
         self.View = api_view(parse_tokens(settings.api_tokens))  # base class of every HTTP view
@@ -147,15 +164,36 @@ class Runtime:
         table.value_serializer = "json"
         table.changelog_topic = table._new_changelog_topic()
         send_changelog = table.send_changelog
+        changelog = table.changelog_topic
+        self._changelogs[changelog.get_topic_name()] = table
 
-        def send_changelog_tracked(*args: Any, **kwargs: Any) -> Any:
-            fut = send_changelog(*args, **kwargs)  # a FutureMessage: done once the broker has the row
-            effects.record_state_ack(fut)
-            return fut
+        def send_changelog_tracked(partition: int | None, key: Any, value: Any, key_serializer: Any = None,
+                                   value_serializer: Any = None) -> Any:
+            batch = effects.current_batch()
+            if self.output_producer is None or batch is None or partition is None:
+                # a FutureMessage: done once the broker has the row
+                fut = send_changelog(partition, key, value, key_serializer, value_serializer)
+                effects.record_state_ack(fut)
+                return fut
+            # a batch's rows go through the output producer too (same bytes as Faust's send)
+            k = changelog.prepare_key(key, key_serializer or table.key_serializer, None, None)[0]
+            v = None if value is None else changelog.prepare_value(
+                value, value_serializer or table.value_serializer, None, None)[0]
+            if batch.state_deliveries is None:
+                batch.state_deliveries = self.output_producer.deliveries(on_done=self._persisted)
+                batch.state_acks.append(batch.state_deliveries)
+            self.output_producer.produce_now(batch.state_deliveries, changelog.get_topic_name(), k, v, partition)
+            return _Sent(partition)
 
         table.send_changelog = send_changelog_tracked  # the batch waits for it (streams.effects step 4)
         self.tables[name] = table
         return table
+
+    def _persisted(self, offsets: dict[tuple[str, int], int]) -> None:
+        """What Faust does once it has sent a changelog row (`Collection._on_changelog_sent`):
+        remember the offset in the table's local store, so that recovery reads only what follows."""
+        for (topic, partition), offset in offsets.items():
+            self._changelogs[topic].data.set_persisted_offset(TP(topic, partition), offset)
 
     def internal_topic(self, suffix: str, retention: timedelta | None = None) -> faust.TopicT:
         """An internal topic `<app_id>-<suffix>` (raw bytes, the catalog's partition count),
@@ -223,12 +261,31 @@ class Runtime:
 
     async def send(self, topic_name: str, key: str, value: dict | None,
                    headers: list[tuple[str, bytes]] | None = None) -> None:
-        if value is None:  # a tombstone: no codec (Avro has no "null record")
-            ack = await self.outputs[topic_name].send(key=key, value=None, headers=headers, value_serializer="raw")
+        """Send a record to an output topic (`value` None: a tombstone). Inside a batch the
+        batch awaits its acknowledgement before its table writes (streams.effects); outside one
+        this returns once the broker has it."""
+        if self.output_producer is None:
+            if value is None:  # a tombstone: no codec (Avro has no "null record")
+                ack = await self.outputs[topic_name].send(key=key, value=None, headers=headers, value_serializer="raw")
+            else:
+                ack = await self.outputs[topic_name].send(key=key, value=value, headers=headers)
+            effects.record_ack(ack)
         else:
-            ack = await self.outputs[topic_name].send(key=key, value=value, headers=headers)
-        effects.record_ack(ack)
-        self.count(f"out:{topic_name}")
+            encode = self._encoders[topic_name]
+            await self._produce(topic_name, encode_key(key), None if value is None else encode(value), headers)
+        self.metrics.inc_label("out", topic_name)
+
+    async def _produce(self, topic_name: str, key: bytes | None, value: bytes | None,
+                       headers: list[tuple[str, bytes]] | None) -> None:
+        """One encoded record through the output producer, acknowledged with the current batch."""
+        batch = effects.current_batch()
+        if batch is None:
+            await self.output_producer.send_and_wait(topic_name, key, value, headers)
+            return
+        if batch.deliveries is None:
+            batch.deliveries = self.output_producer.deliveries()
+            batch.acks.append(batch.deliveries)
+        await self.output_producer.produce(batch.deliveries, topic_name, key, value, headers)
 
     async def dead_letter(self, event: faust.types.EventT, stage: str, reason: str, error_class: str,
                           keep_value: bool = True) -> None:
@@ -240,22 +297,36 @@ class Runtime:
                                         failed_at=int(time.time() * 1000), worker=self.worker_name,
                                         max_copy_bytes=self.settings.dlq_max_copy_bytes,
                                         max_reason_chars=self.settings.dlq_max_reason_chars)
-        ack = await self.outputs[catalog.DLQ].send(key=record["original_key"], value=record,
-                                                   headers=deadletter.connect_headers(record))
-        effects.record_ack(ack)
+        if self.output_producer is None:
+            ack = await self.outputs[catalog.DLQ].send(key=record["original_key"], value=record,
+                                                       headers=deadletter.connect_headers(record))
+            effects.record_ack(ack)
+        else:
+            await self._produce(catalog.DLQ, record["original_key"], self._encoders[catalog.DLQ](record),
+                                deadletter.connect_headers(record))
         last_offset, index = self._dlq_index.get((msg.topic, msg.partition), (-1, -1))
         index = index + 1 if last_offset == msg.offset else 0  # the n-th dead letter of this record
         self._dlq_index[(msg.topic, msg.partition)] = (msg.offset, index)
         self.feed_analytics(classify_dead_letter(record, int(msg.timestamp * 1000), index=index,
                                                  partition=msg.partition))
-        self.count(f"dlq:{stage}/{error_class}")
-        log.info("dead-lettered %s[%s]@%s at %s: %s", msg.topic, msg.partition, msg.offset, stage, reason)
+        self.metrics.inc_label("dlq", f"{stage}/{error_class}")
+        # one line per DLQ_LOG_INTERVAL_S at info (a burst of bad records would otherwise cost
+        # more in logging than in processing); every one at debug; all of them are counted
+        # (`memstream_dlq_total`) and on the dead-letter topic with their reasons
+        now = time.monotonic()
+        if now - self._dlq_logged_at >= DLQ_LOG_INTERVAL_S:
+            more = f" (and {self._dlq_unlogged} more since the last such line)" if self._dlq_unlogged else ""
+            log.info("dead-lettered %s[%s]@%s at %s: %s%s", msg.topic, msg.partition, msg.offset, stage, reason, more)
+            self._dlq_logged_at, self._dlq_unlogged = now, 0
+        else:
+            self._dlq_unlogged += 1
+            log.debug("dead-lettered %s[%s]@%s at %s: %s", msg.topic, msg.partition, msg.offset, stage, reason)
 
     async def guard(self, event: faust.types.EventT, handler: Handler) -> bool:
         """Decode the event's key and value, run `handler`; every failure becomes a dead letter.
         False when the handler failed unexpectedly (its partial effects must be discarded)."""
         msg = event.message
-        self.count(f"in:{msg.topic}")
+        self.metrics.inc_label("in", msg.topic)
         wrong = misrouted(msg.topic, msg.key, msg.partition, self.settings.partitions)
         if wrong is not None:  # its rows would land in another partition's changelog (issue 15)
             await self.dead_letter(event, deadletter.STAGE_VALIDATE, f"{wrong.code}: {wrong.detail}", wrong.code)
@@ -274,6 +345,8 @@ class Runtime:
         try:
             await handler(event, key, record)
             self.metrics.observe_latency(msg.topic, time.perf_counter() - started)
+        except OutputsFailed:  # not this record's fault: the whole batch fails (streams/outputs.py)
+            raise
         except Rejected as exc:
             await self.dead_letter(event, exc.stage, exc.reason, exc.rule)
         except Exception as exc:  # noqa: BLE001 - a bug must not lose the record or stop the worker
@@ -336,6 +409,7 @@ class Runtime:
     async def drain(self, timeout: float = 60.0) -> None:
         """Stop starting batches and wait for those in flight (called first when the worker stops)."""
         self.draining = True
+        deadline = time.monotonic() + timeout
         if self._inflight:
             log.info("stopping: waiting for %d batch(es) in flight", self._inflight)
         try:
@@ -343,6 +417,11 @@ class Runtime:
         except asyncio.TimeoutError:
             log.warning("stopping: %d batch(es) still in flight after %.0fs; their records are not committed "
                         "and will be read again", self._inflight, timeout)
+        if self.output_producer is not None:  # every batch awaited its outputs: normally nothing left
+            left = await self.output_producer.flush(max(1.0, deadline - time.monotonic()))
+            if left:
+                log.warning("stopping: %d output record(s) not acknowledged; their batches are not committed", left)
+            self.output_producer.close()
 
     @contextmanager
     def never_ack_unless_applied(self, agent: str, events: list[faust.types.EventT]) -> Iterator[None]:
@@ -408,6 +487,16 @@ class Runtime:
             return False
         schema_id = confluent_schema_id(value) if value is not None else 0
         return await asyncio.get_running_loop().run_in_executor(None, self.probe.explains, schema_id)
+
+
+class _Sent:
+    """What `Table.on_key_set` reads of a changelog send: the message's partition."""
+
+    __slots__ = ("message", "partition")
+
+    def __init__(self, partition: int) -> None:
+        self.message = self
+        self.partition = partition
 
 
 class _DrainingApp(faust.App):

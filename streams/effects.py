@@ -162,6 +162,11 @@ class Batch:
     #: bytes staged per row group (`add_bytes`); `full` once one is over its budget
     group_bytes: dict[str, int] = field(default_factory=dict)
     full: bool = False
+    #: the acknowledgements of the records the batch sent through the worker's output producer
+    #: (streams/outputs.py: one awaitable for all of them, also in `acks`)
+    deliveries: Any = None
+    #: the same for the changelog rows of `write_state` (also in `state_acks`)
+    state_deliveries: Any = None
 
     def add_bytes(self, group: str, n: int, budget: int) -> None:
         """Count `n` staged bytes for a row group; over `budget`, the batch ends after this event."""

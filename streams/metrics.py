@@ -69,6 +69,10 @@ class Metrics:
         family, _, label = name.partition(":")
         self.counters[family][label] += n
 
+    def inc_label(self, family: str, label: str, n: int = 1) -> None:
+        """`inc(f"{family}:{label}", n)` without building and splitting the name (per record)."""
+        self.counters[family][label] += n
+
     def observe_latency(self, topic: str, seconds: float) -> None:
         buckets = self.latency.setdefault(topic, [0] * (len(LATENCY_BUCKETS) + 1))
         for i, upper in enumerate(LATENCY_BUCKETS):

@@ -18,6 +18,9 @@ from .core.limits import DEFAULT_LIMITS, Limits
 PREFIX = "MEMSTREAM_"
 
 
+OUTPUT_PRODUCERS = ("librdkafka", "faust")  #: values of MEMSTREAM_OUTPUT_PRODUCER
+
+
 class SettingsError(ValueError):
     """An environment variable holds a value that cannot be used."""
 
@@ -47,6 +50,7 @@ class Settings:
     log_level: str = field(default="info", metadata={"doc": "Worker log level."})
     session_timeout_s: float = field(default=10.0, metadata={"doc": "Consumer-group session timeout: a worker that stops heartbeating (killed, hung) loses its partitions after this long (failover time)."})
     producer_linger_ms: int = field(default=5, metadata={"doc": "How long the worker's producer waits to fill a request (larger requests, fewer syscalls; a batch waits for its outputs, so this adds to latency once per batch)."})
+    output_producer: str = field(default="librdkafka", metadata={"doc": "What sends a batch's output records and changelog rows: `librdkafka` (one confluent-kafka producer per worker, idempotent, acks=all, murmur2 partitioner; a batch awaits its acknowledgements before its table writes, and those of its rows before its offsets) or `faust` (Faust's own producer, the earlier path: about twice the CPU per record). Same bytes, keys and partitions either way (tests/test_outputs_kafka.py)."})
     batch_max: int = field(default=500, metadata={"doc": "Most input records a stateful agent takes in one batch (outputs of a batch are acknowledged before its table writes)."})
     dlq_max_copy_bytes: int = field(default=512 * 1024, metadata={"doc": "A dead letter copies the original key and value only up to this many bytes together; a larger original is referenced (topic, partition, offset, size, SHA-256), so a dead letter always fits the broker's message limit."})
     dlq_max_reason_chars: int = field(default=2000, metadata={"doc": "Longest reason a dead letter (and its `__connect.errors.exception.message` header) carries; longer ones are cut, saying how much was left out."})
@@ -132,6 +136,11 @@ class Settings:
         from .core.similarity import IndexConfig
 
         return IndexConfig(exact_scan_below=max(0, self.exact_scan_nodes))
+
+    def __post_init__(self) -> None:
+        if self.output_producer not in OUTPUT_PRODUCERS:
+            raise SettingsError(f"MEMSTREAM_OUTPUT_PRODUCER={self.output_producer!r} is not one of "
+                                f"{', '.join(OUTPUT_PRODUCERS)}")
 
     def replace(self, **changes: Any) -> "Settings":
         return dataclasses.replace(self, **changes)

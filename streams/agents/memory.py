@@ -148,6 +148,9 @@ class MemoryStore:
         self.state = rt.table(STATE_TABLE)  # motebit_id -> aux row; motebit_id/node_id -> node row
         self.negotiator = rt.table("negotiator")
         self.relay_policy = rt.table("relay-policy")  # motebit_id -> consented threshold
+        #: motebit_id -> its relay-policy row (None: no override), read once per user: the table's
+        #: one writer (the relay-policy agent) drops a user's entry when it writes, a rebalance all
+        self.relay_overrides: dict[str, Any] = {}
         self.lock = asyncio.Lock()  # one writer at a time: the agent's batches, the timer's sweeps
         self.users = UserCache(rt.settings.loaded_nodes_max)
         self.redo: dict[str, dict[str, Any]] = {}  # loaded user -> redo-log rows not yet rewritten
@@ -163,6 +166,16 @@ class MemoryStore:
 
     async def _on_rebalance(self, *args: Any, **kwargs: Any) -> None:
         self.valid = False
+        self.relay_overrides.clear()
+
+    def relay_threshold(self, motebit_id: str) -> str:
+        """`threshold_for` the user (its override, else MEMSTREAM_RELAY_THRESHOLD), without a
+        table read per record."""
+        if motebit_id not in self.relay_overrides:
+            self.relay_overrides[motebit_id] = self.relay_policy.get(motebit_id)
+        override = self.relay_overrides[motebit_id]
+        return threshold_for(motebit_id, None if override is None else {motebit_id: override},
+                             self.rt.settings.relay_threshold)
 
     # DerivedCache (streams.effects): `refresh` before every batch attempt (the previous one is
     # written, or dropped by `invalidate`), `invalidate` after a failed attempt.
@@ -354,17 +367,18 @@ def register(rt: "Runtime") -> None:
             await rt.dead_letter(event, STAGE_VALIDATE, f"{rej.code}: {rej.detail}", rej.code,
                                  keep_value=not rej.redact_value)
         if out.duplicate:
-            rt.count(f"duplicate:{topic}")
+            rt.metrics.inc_label("duplicate", topic)
             return
         if out.decision is not None:
-            rt.count(f"decision:{out.decision.action}")
+            rt.metrics.inc_label("decision", out.decision.action)
         await emit(key, um, out)
 
     async def emit(key: str, um: UserMemory, out: Outcome) -> None:
         """Send an outcome (ledger and its relay view, quarantine, node rows) and stage the
         user's rows (written once the batch's outputs are acknowledged: streams.effects)."""
-        threshold = threshold_for(key, store.relay_policy, rt.settings.relay_threshold)
         relayed = []
+        if out.ledger:  # a table read: only when there is something to relay
+            threshold = store.relay_threshold(key)
         for ev in out.ledger:
             await rt.send(catalog.MEMORY_LEDGER, key, ev)
             for peer_ev in relay_events(ev, threshold, um.deleted_node_ids,
@@ -480,6 +494,7 @@ def register(rt: "Runtime") -> None:
             user = event.message.key.decode()
             if event.message.value.startswith(b"{") and "erase" in (removal := orjson.loads(event.message.value)):
                 old = store.relay_policy.pop(user, None)  # a changelog tombstone
+                store.relay_overrides.pop(user, None)
                 log.warning("security audit: relay threshold override of %s (%s) removed by erasure %s",
                             user, old or "none", removal["erase"])
                 continue
@@ -493,6 +508,7 @@ def register(rt: "Runtime") -> None:
                      "applied_at": int(time.time() * 1000), "worker": change["worker"]}
             await rt.send(catalog.SECURITY_AUDIT, user, audit)  # before the change takes effect
             store.relay_policy[user] = level
+            store.relay_overrides.pop(user, None)
             log.warning("security audit: relay threshold of %s changed %s -> %s by token %s (requested %d at %s)",
                         user, old or f"default ({rt.settings.relay_threshold})", level, change["token"],
                         change["requested_at"], change["worker"] or "?")
