@@ -82,6 +82,7 @@ class Settings:
     http_max_connections: int = field(default=1000, metadata={"doc": "Most open HTTP connections per worker; a connection beyond it is closed at once (forwarding between workers uses connections too)."})
     graph_stall_ms: int = field(default=15 * 60 * 1000, metadata={"doc": "A graph node running longer than this (ms) is flagged stalled."})
     timer_interval_s: float = field(default=30.0, metadata={"doc": "Seconds between runs of the partition-local housekeeping timers."})
+    housekeeping_max_rows_per_tick: int = field(default=20_000, metadata={"doc": "Most `memory-state` rows one housekeeping tick reads in one partition (the sweep holds the memory state's lock, so the agent's batches wait for it): the next tick goes on after the last user read, and the sweep of a partition takes ceil(rows / this) ticks. A user is never split."})
     # --- input limits (docs/records.md#limits): a record over one is dead-lettered, the limit named
     max_content_bytes: int = field(default=DEFAULT_LIMITS.max_content_bytes, metadata={"doc": "Most UTF-8 bytes of a memory's content (candidate, `memory_formed`): a node row and its events stay far below Kafka's 1 MB message limit."})
     max_embedding_dims: int = field(default=DEFAULT_LIMITS.max_embedding_dims, metadata={"doc": "Most dimensions of a candidate's embedding (the largest common embedding models have 3072–4096)."})

@@ -20,7 +20,7 @@ from faust.types import TP
 
 from streams import catalog, generate
 from streams.agents import state_scan
-from streams.agents.user_cache import UserCache, group_rows, load_user, may_expire, weight
+from streams.agents.user_cache import SweepSlices, UserCache, group_rows, load_user, may_expire, weight
 from streams.core import UserMemory, process_candidate, process_event
 from streams.core.housekeeping import HousekeepingPolicy, sweep_memory
 from streams.core.state import SEEN_CHUNK_KEY, SIDE_PREFIXES
@@ -312,6 +312,36 @@ def test_a_prefix_scan_of_the_users_partition_finds_exactly_the_users_rows(tmp_p
         ACTIVE.add(standby)
     for db in store._dbs.values():
         db.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.dictionaries(st.text(alphabet="abc-/0", min_size=1, max_size=4).filter(lambda u: "/" not in u),
+                       st.integers(1, 9), max_size=25), st.integers(1, 30))
+def test_a_sweep_in_slices_reads_every_user_once_per_cycle_and_at_most_the_budget_plus_one_user(users, budget):
+    """`SweepSlices` + `users_rows(after=)`: ticks read the users in id order, never more than the
+    budget plus the last user's rows, resume after the last user read, and start over at the end."""
+    class Plain(dict):
+        data = object()
+
+    table = Plain({f"{u}/n{i}" if i else u: {"i": i} for u, n in users.items() for i in range(n)})
+    slices = SweepSlices(budget)
+    flat: list[str] = []
+    for _tick in range(2 * len(users) + 2):
+        after, tick = slices.start(0), []
+        for user, rows in state_scan.users_rows(table, 0, lambda u: 0, after):
+            tick.append((user, len(rows())))
+            if slices.read(0, user, tick[-1][1]):
+                break
+        assert sum(n for _, n in tick[:-1]) < budget  # stopped at the first user reaching the budget
+        assert after is None or all(u > after for u, _ in tick)
+        flat += [u for u, _ in tick]
+    cycle = sorted(users)
+    assert len(flat) >= len(cycle) and flat == (cycle * (len(flat) + 1))[:len(flat)]
+
+
+def test_the_sweep_budget_must_be_positive():
+    with pytest.raises(ValueError):
+        SweepSlices(0)
 
 
 def test_a_store_without_rocksdb_is_scanned_whole():

@@ -74,7 +74,7 @@ from ..core.state import SEEN_CHUNK_KEY
 from ..deadletter import STAGE_APPLY, STAGE_VALIDATE
 from ..core.vocabulary import SENSITIVITY_LEVELS
 from . import state_scan
-from .user_cache import UserCache, load_user, may_expire
+from .user_cache import SweepSlices, UserCache, load_user, may_expire, weight
 from ..http import SCOPE_ADMIN, SCOPE_NEGOTIATOR, BadRequest, Token, authenticated, mask_node, parse_ms, visible
 
 if TYPE_CHECKING:
@@ -263,27 +263,28 @@ class MemoryStore:
             self._keep(motebit_id, um, redo)
         return um
 
-    def partition_users(self, partition: int, wanted: Callable[[list], bool] | None = None
-                        ) -> Iterator[tuple[str, UserMemory | None, dict | None]]:
-        """`(user, state, redo)` of every user of a local partition, for a sweep. A loaded user
-        comes as it is (redo None); any other is read from the table one at a time, skipped
-        unless `wanted(rows)`, and *not* cached, so a sweep does not flush the LRU:
+    def partition_users(self, partition: int, wanted: Callable[[list], bool] | None = None, after: str | None = None
+                        ) -> Iterator[tuple[str, UserMemory | None, dict | None, int]]:
+        """`(user, state, redo, rows)` of every user of a local partition in user-id order
+        (after `after`, when given), for a sweep; `rows`: how many rows were read for it. A loaded
+        user comes as it is (redo None); any other is read from the table one at a time, skipped
+        (state None) unless `wanted(rows)`, and *not* cached, so a sweep does not flush the LRU:
         `keep(user, state, redo)` caches one that the sweep changes. Contained users are skipped."""
         self._readable()
-        for user, rows in state_scan.users_rows(self.state, partition, self.rt.partition_of):
+        for user, rows in state_scan.users_rows(self.state, partition, self.rt.partition_of, after):
             if user in self.corrupt:
                 continue
             um = self.users.get(user)
             if um is not None:
-                yield user, um, None
+                yield user, um, None, weight(um)
                 continue
             read = rows()
             if wanted is not None and not wanted(read):
-                yield user, None, None  # one user read: the caller lets the event loop run
+                yield user, None, None, len(read)  # one user read: the caller lets the event loop run
                 continue
             um, redo = self._load(user, read)
             if um is not None:
-                yield user, um, redo
+                yield user, um, redo, len(read)
 
     def keep(self, motebit_id: str, um: UserMemory, redo: dict | None) -> None:
         """A user from `partition_users` that the batch changes: cached (and pinned) so that the
@@ -464,22 +465,26 @@ def register(rt: "Runtime") -> None:
                     request["request_id"], key, step.receipt["nodes_erased"], step.receipt["negotiator_memories_erased"],
                     "removed" if step.remove_relay_policy else "none", step.receipt["steps"])
 
+    slices = SweepSlices(rt.settings.housekeeping_max_rows_per_tick)
+
     async def housekeeping(partition: int, now_ms: int) -> None:
-        """Decay and retention for the users of one partition (a partition-local timer): each
-        user's rows are read in turn (a loaded user is used as it is), a user's state is built
-        only when one of its node rows expires (`may_expire`), only a changed user is kept in
-        the cache, and the event loop runs between users."""
-        for user, um, redo in store.partition_users(partition, lambda rows: may_expire(rows, now_ms, retention)):
-            if um is None:  # not loaded, and nothing of it expires now
-                await asyncio.sleep(0)
-                continue
-            out = sweep_memory(um, now_ms, retention)
-            if out.ledger or out.node_deletions:
-                store.keep(user, um, redo)
-                rt.count("housekeeping:deleted", len(out.node_deletions))
-                await emit(user, um, out)
-            else:
-                await asyncio.sleep(0)
+        """Decay and retention for the users of one partition (a partition-local timer), at most
+        MEMSTREAM_HOUSEKEEPING_MAX_ROWS_PER_TICK rows a tick (`SweepSlices`): each user's rows are
+        read in turn (a loaded user is used as it is), a user's state is built only when one of
+        its node rows expires (`may_expire`), only a changed user is kept in the cache, and the
+        event loop runs between users."""
+        after = slices.start(partition)
+        for user, um, redo, rows in store.partition_users(partition, lambda rows: may_expire(rows, now_ms, retention),
+                                                          after):
+            if um is not None:
+                out = sweep_memory(um, now_ms, retention)
+                if out.ledger or out.node_deletions:
+                    store.keep(user, um, redo)
+                    rt.count("housekeeping:deleted", len(out.node_deletions))
+                    await emit(user, um, out)
+            if slices.read(partition, user, rows):
+                return
+            await asyncio.sleep(0)
 
     rt.ticks("memory-housekeeping", catalog.MEMORY_CANDIDATES, housekeeping, cache=store, lock=store.lock)
     pending_replies: dict[str, asyncio.Future] = {}

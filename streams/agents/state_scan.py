@@ -107,15 +107,18 @@ def partition_users(table: TableT, partition: int, partition_of) -> list[str]:
     return list(users)
 
 
-def users_rows(table: TableT, partition: int, partition_of) -> Iterator[tuple[str, Callable[[], list]]]:
-    """`(user, rows)` for every user of `partition`, one user at a time, `rows()` reading that
-    user's rows when called: RocksDB reads each user's range then; another store is read once and
-    grouped."""
+def users_rows(table: TableT, partition: int, partition_of, after: str | None = None
+               ) -> Iterator[tuple[str, Callable[[], list]]]:
+    """`(user, rows)` for every user of `partition` in user-id order (after `after`, when given:
+    where a sweep in slices resumes), one user at a time, `rows()` reading that user's rows when
+    called: RocksDB reads each user's range then; another store is read once and grouped."""
     if _rocksdb(table) is None:
         grouped = group_rows((k, v) for k, v in table.items() if partition_of(k.partition(KEY_SEP)[0]) == partition)
         for user in sorted(grouped):
             rows = grouped.pop(user)
-            yield user, (lambda rows=rows: rows)
+            if after is None or user > after:
+                yield user, (lambda rows=rows: rows)
         return
-    for user in partition_users(table, partition, partition_of):
-        yield user, (lambda user=user: user_rows(table, user, partition))
+    for user in sorted(partition_users(table, partition, partition_of)):
+        if after is None or user > after:
+            yield user, (lambda user=user: user_rows(table, user, partition))

@@ -221,3 +221,33 @@ class UserCache:
             evicted.append(user)
         self.evictions += len(evicted)
         return evicted
+
+
+class SweepSlices:
+    """Where each partition's housekeeping sweep resumes. A sweep holds the memory state's lock
+    (the agent's batches wait), and reading every row of a large partition takes seconds, so one
+    tick reads at most `max_rows` rows of a partition (a user is never split) and the next tick
+    goes on after the last user it read, in user-id order; a sweep that reaches the end starts
+    over next tick. A restart starts over (nothing is lost: a sweep only finds what has expired,
+    and that stays expired). Retention and decay act within one cycle: ticks × interval."""
+
+    def __init__(self, max_rows: int) -> None:
+        if max_rows < 1:
+            raise ValueError("max_rows must be >= 1")
+        self.max_rows = max_rows
+        self._after: dict[int, str] = {}
+        self._read: dict[int, int] = {}
+
+    def start(self, partition: int) -> str | None:
+        """A tick begins: the user after which it resumes (None: from the first user)."""
+        self._read[partition] = 0
+        return self._after.pop(partition, None)
+
+    def read(self, partition: int, user: str, rows: int) -> bool:
+        """`rows` rows of `user` were read; True when the tick's budget is spent (stop after
+        this user: the next tick resumes after it)."""
+        self._read[partition] = self._read.get(partition, 0) + rows
+        if self._read[partition] >= self.max_rows:
+            self._after[partition] = user
+            return True
+        return False
