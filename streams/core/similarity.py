@@ -584,9 +584,6 @@ class _RowStore:
     def slot_of(self, node_id: str) -> int:
         return self._slot[node_id]
 
-    def rows_at(self, slots: np.ndarray) -> np.ndarray:
-        return self._m[slots]
-
     def equal_counts(self, slots: np.ndarray, row: np.ndarray) -> np.ndarray:
         """Per slot of ``slots``: how many positions of its row equal ``row``."""
         if USE_KERNELS:
