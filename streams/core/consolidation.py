@@ -137,7 +137,7 @@ class _Query:
     #: where the shingle sets of the user's nodes are cached (None: computed each time)
     index: SimilarityIndex | None = None
     #: exact Jaccard scores already computed in one pass (node_id -> score; see
-    #: SimilarityIndex.jaccard_many)
+    #: SimilarityIndex.scored_candidates)
     text_scores: dict[str, float] = field(default_factory=dict)
 
 
@@ -215,14 +215,10 @@ class DeterministicDecider:
                 )
         q = _query(candidate, memory.index)
         if self.use_index:
-            ids = memory.index.candidates(q.content, q.embedding, q.shingles)
-            if memory.index.hashed:
-                q.text_scores = memory.index.jaccard_many(q.shingles, list(ids))
-                if q.embedding is None:
-                    # every node is scored by Jaccard, and below the lowest text threshold
-                    # classify() finds nothing (no_similar): only the rest is worth classifying
-                    floor = min(policy.text_supersede_threshold, policy.text_merge_threshold)
-                    ids = [i for i in ids if q.text_scores.get(i, floor) >= floor]
+            # without an embedding every node is scored by Jaccard, and below the lowest text
+            # threshold classify() finds nothing (no_similar): the index leaves those out
+            floor = min(policy.text_supersede_threshold, policy.text_merge_threshold)
+            ids, q.text_scores = memory.index.scored_candidates(q.content, q.embedding, q.shingles, floor)
         else:
             ids = set(memory.live)
         best: tuple[int, float, str] | None = None  # (class, score, -) ordering helper

@@ -27,6 +27,21 @@ Two layers, kept apart on purpose:
    candidate costs one shingle computation (its own) instead of one per node. The MinHash
    and hyperplane families are derived once per process and shared by every user's index.
 
+   Layout of a hashed user (issue 14, "consolidation at 100k"): the band buckets of all
+   bands are one sorted numpy array of band-tagged keys (:class:`_BandTable`; one
+   ``searchsorted`` per query instead of 64 dict lookups and set unions, 12 bytes per entry);
+   bucket hits are verified on the *low byte* of each stored MinHash value (b-bit MinHash:
+   equal values have equal low bytes, so the share of equal bytes is never below the share of
+   equal values — every hit the full values would keep is kept, at a quarter of the memory);
+   the exact Jaccard of the verified hits is computed on numbered shingles stored end to end
+   (:class:`_Ragged`), and hits below the lowest text threshold are dropped inside the index
+   (:meth:`SimilarityIndex.scored_candidates`). The inner loops (MinHash, bucket lookup,
+   byte comparison, shingle counting) are compiled with numba when it is installed
+   (:mod:`streams.core._kernels`: integer arithmetic only, the same results as the numpy
+   expressions, bit for bit). The candidate set is a function of the live nodes and the query
+   only: the layout (which nodes are merged into the sorted arrays, which removed entries wait
+   for the next merge) changes speed and memory, never a candidate.
+
 LSH is probabilistic: a node above the *lowest* decision threshold can, rarely, be missed.
 With the defaults (256 permutations = 64 bands × 4 rows, 32 hyperplane tables × 16 bits,
 see :class:`IndexConfig`) the probabilities are given by :meth:`IndexConfig.text_recall` /
@@ -50,6 +65,12 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
+
+from . import _kernels
+
+#: use the compiled loops of :mod:`streams.core._kernels` (same results as the numpy
+#: expressions, bit for bit; False when numba is missing)
+USE_KERNELS = _kernels.AVAILABLE
 
 # --------------------------------------------------------------------------------------------
 # Text normalization and shingles (exact layer)
@@ -193,6 +214,22 @@ def shingle_hashes(shingles: Iterable[str]) -> np.ndarray:
     return np.fromiter((zlib.crc32(s.encode("utf-8")) % _PRIME_31 for s in shingles), dtype=np.uint64)
 
 
+_P31 = np.uint64(_PRIME_31)
+_S31 = np.uint64(31)
+
+
+def _mod_p31(x: np.ndarray) -> np.ndarray:
+    """``x % (2^31 − 1)`` for uint64 ``x < 2^62``, in place, without a division: two folds
+    ``(x & p) + (x >> 31)`` (each keeps ``x ≡ x mod p``; the second leaves ``x ≤ p``), then
+    ``p`` itself maps to 0 — the same integers as ``%``, bit for bit, ~2× faster."""
+    for _ in range(2):
+        hi = x >> _S31
+        x &= _P31
+        x += hi
+    x[x == _P31] = 0
+    return x
+
+
 class MinHasher:
     """``num_perm`` universal hash functions ``(a·x + b) mod (2^31 − 1)``, ``a`` ∈ [1, p),
     ``b`` ∈ [0, p) from a fixed seed; the signature is the per-function minimum."""
@@ -202,12 +239,37 @@ class MinHasher:
         self._a = np.asarray(_seeded_field(seed, "minhash-a", num_perm, 1), dtype=np.uint64)[:, None]
         self._b = np.asarray(_seeded_field(seed, "minhash-b", num_perm, 0), dtype=np.uint64)[:, None]
         self._p = np.uint64(_PRIME_31)
+        self._a_flat, self._b_flat = self._a[:, 0].copy(), self._b[:, 0].copy()
 
     def signature(self, shingles: Iterable[str]) -> np.ndarray:
-        h = shingle_hashes(shingles)
+        return self.signature_of_hashes(shingle_hashes(shingles))
+
+    def signature_of_hashes(self, h: np.ndarray) -> np.ndarray:
+        """The signature of a set given as its :func:`shingle_hashes`."""
+        if USE_KERNELS:
+            return _kernels.minhash(h, self._a_flat, self._b_flat)
         if h.size == 0:
             return np.full(self.num_perm, _PRIME_31, dtype=np.uint64)
-        return ((self._a * h[None, :] + self._b) % self._p).min(axis=1)
+        x = self._a * h[None, :]
+        x += self._b
+        return _mod_p31(x).min(axis=1)
+
+    def signatures(self, hashes: Sequence[np.ndarray]) -> np.ndarray:
+        """``signature_of_hashes`` of many sets at once (rows in order): one pass over
+        their concatenation, the minima per set taken with ``minimum.reduceat``."""
+        if USE_KERNELS:
+            return np.stack([_kernels.minhash(h, self._a_flat, self._b_flat) for h in hashes]) if hashes else (
+                np.empty((0, self.num_perm), dtype=np.uint64)
+            )
+        out = np.full((len(hashes), self.num_perm), _PRIME_31, dtype=np.uint64)
+        sizes = np.fromiter((h.size for h in hashes), dtype=np.int64, count=len(hashes))
+        full = np.flatnonzero(sizes)
+        if full.size:
+            x = self._a * np.concatenate([hashes[i] for i in full.tolist()])[None, :]
+            x += self._b
+            starts = np.concatenate(([0], np.cumsum(sizes[full])[:-1]))
+            out[full] = np.minimum.reduceat(_mod_p31(x), starts, axis=1).T
+        return out
 
 
 @functools.lru_cache(maxsize=8)
@@ -218,16 +280,31 @@ def shared_minhasher(num_perm: int, seed: int) -> MinHasher:
 
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
+#: a band key is 56 bits of the mix of its rows, tagged with its band number in the top 8
+#: bits: the keys of every band live in one sorted array (so ``text_bands`` ≤ 256)
+_BAND_SHIFT = np.uint64(56)
+_KEY_MASK = np.uint64((1 << 56) - 1)
+MAX_TEXT_BANDS = 256
 
 
-def _band_keys(signature: np.ndarray, bands: int, rows: int) -> tuple[int, ...]:
-    """One 64-bit key per band (polynomial mix of its rows; wrap-around is intended)."""
-    m = signature[: bands * rows].reshape(bands, rows)
+def _band_keys_many(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """(n, bands) band-tagged keys of n signatures (rows of ``signatures``): per band, a
+    polynomial mix of its rows (wrap-around intended) cut to 56 bits, ``band << 56 | key``.
+    Two nodes collide in band b iff their keys in column b are equal."""
+    m = signatures[:, : bands * rows].astype(np.uint64).reshape(signatures.shape[0], bands, rows)
     with np.errstate(over="ignore"):
-        k = m[:, 0].copy()
+        k = m[:, :, 0].copy()
         for j in range(1, rows):
-            k = k * _MIX + m[:, j]
-    return tuple(k.tolist())
+            k *= _MIX
+            k += m[:, :, j]
+    k &= _KEY_MASK
+    k |= np.arange(bands, dtype=np.uint64)[None, :] << _BAND_SHIFT
+    return k
+
+
+def _band_keys(signature: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """The band-tagged keys of one signature (ascending: the band is the top byte)."""
+    return _band_keys_many(signature[None, :], bands, rows)[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -250,7 +327,9 @@ class IndexConfig:
     #: (share of equal MinHash values, σ ≈ 0.031 at J=0.5 with 256 values) is below this
     #: floor is dropped before exact scoring. Must sit well below the lowest text decision
     #: threshold (0.50): at J=0.5 the estimate falls under 0.35 with probability ~1e-6.
-    #: None disables verification.
+    #: The stored values are the low bytes of the MinHash values: their share of equal
+    #: positions is ≥ that of the full values (plus ~(1 − J)/256), so no hit the full values
+    #: keep is dropped. None disables verification.
     text_verify_floor: float | None = 0.35
     #: Random-hyperplane LSH: tables × bits per table, probed with Hamming radius ≤ 1.
     hyperplane_tables: int = 32
@@ -263,6 +342,10 @@ class IndexConfig:
     exact_scan_below: int = 32
     #: Seed of every hash family: part of the replay contract (same seed, same candidates).
     seed: int = 0x6D656D73
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.text_bands <= MAX_TEXT_BANDS or self.text_rows < 1:
+            raise ValueError(f"need 1 <= text_bands <= {MAX_TEXT_BANDS} and text_rows >= 1")
 
     @property
     def num_perm(self) -> int:
@@ -318,6 +401,140 @@ def _bucket_iter(table: dict, key: int) -> Iterator[str]:
     return iter((cur,))
 
 
+class _BandTable:
+    """The MinHash LSH buckets of one user, every band in one structure: node ``slot`` is in
+    bucket ``key`` (a band-tagged key, see :func:`_band_keys_many`).
+
+    Most entries live in two numpy arrays sorted by key (``keys`` uint64, ``slots`` int32:
+    12 bytes per entry, where a dict entry with its int key costs ~80); a lookup is one
+    ``searchsorted`` for all bands at once. Nodes added since the last merge sit in a dict
+    (``fresh``) and are merged in when they are more than an eighth of the rest (one
+    ``np.insert``: linear, amortized over the batch). A removed node's entries stay in the
+    arrays until the next merge, masked by ``dead``; its slot is not reused before that
+    (:meth:`_RowStore.drop` with ``hold``), so a stale entry can never name another node.
+
+    The layout changes nothing but speed and memory: ``lookup`` returns exactly the slots of
+    the nodes that share a key with the query, whatever the history of adds and removes."""
+
+    def __init__(self, bands: int, merge_min: int = 2048) -> None:
+        self.bands = bands
+        self.merge_min = merge_min
+        self._keys = np.empty(0, dtype=np.uint64)
+        self._slots = np.empty(0, dtype=np.int32)
+        self._main = 0  # nodes in the arrays (dead ones included until the next merge)
+        self._dead = np.zeros(0, dtype=bool)
+        self._n_dead = 0
+        #: nodes added since the last merge: slot -> its keys, and key -> slot | set of slots
+        self._fresh_keys: dict[int, np.ndarray] = {}
+        self._fresh: dict[int, Any] = {}
+
+    def build(self, slots: np.ndarray, keys: np.ndarray) -> None:
+        """Replace the contents with nodes ``slots`` having band keys ``keys`` (n, bands)."""
+        flat = keys.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        self._keys = flat[order]
+        self._slots = np.repeat(slots.astype(np.int32), self.bands)[order]
+        self._main = len(slots)
+        self._dead = np.zeros(int(slots.max()) + 1 if len(slots) else 0, dtype=bool)
+        self._n_dead = 0
+        self._fresh_keys, self._fresh = {}, {}
+
+    def add(self, slot: int, keys: np.ndarray) -> None:
+        self._fresh_keys[slot] = keys
+        for key in keys.tolist():
+            _bucket_add(self._fresh, key, slot)
+
+    def remove(self, slot: int) -> bool:
+        """Forget node ``slot``; False when its entries stay in the arrays until the next
+        merge (then the caller must hold the slot back: see the class doc)."""
+        keys = self._fresh_keys.pop(slot, None)
+        if keys is not None:
+            for key in keys.tolist():
+                _bucket_remove(self._fresh, key, slot)
+            return True
+        if slot >= self._dead.size:
+            grown = np.zeros(max(slot + 1, 2 * self._dead.size), dtype=bool)
+            grown[: self._dead.size] = self._dead
+            self._dead = grown
+        self._dead[slot] = True
+        self._n_dead += 1
+        return False
+
+    def needs_merge(self) -> bool:
+        return len(self._fresh_keys) > max(self.merge_min, self._main // 8)
+
+    def merge(self) -> list[int]:
+        """Move the fresh nodes into the sorted arrays and drop dead entries; returns the
+        slots of the dead nodes (free for reuse from now on)."""
+        keys, slots = self._keys, self._slots
+        released: list[int] = []
+        if self._n_dead:
+            dead = self._dead[slots]
+            released = np.unique(slots[dead]).tolist()
+            keys, slots = keys[~dead], slots[~dead]
+            self._dead[:] = False
+            self._n_dead = 0
+        if self._fresh_keys:
+            fs = np.fromiter(self._fresh_keys, dtype=np.int32, count=len(self._fresh_keys))
+            fk = np.concatenate(list(self._fresh_keys.values()))
+            fs = np.repeat(fs, self.bands)
+            order = np.argsort(fk, kind="stable")
+            fk, fs = fk[order], fs[order]
+            at = np.searchsorted(keys, fk)
+            keys, slots = np.insert(keys, at, fk), np.insert(slots, at, fs)
+        self._keys, self._slots = keys, slots
+        self._main = len(keys) // self.bands if self.bands else 0
+        if slots.size and int(slots.max()) >= self._dead.size:
+            self._dead = np.zeros(int(slots.max()) + 1, dtype=bool)
+        self._fresh_keys, self._fresh = {}, {}
+        return released
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Sorted unique slots of the live nodes sharing at least one key with ``keys``
+        (ascending band-tagged keys: one per band)."""
+        parts = []
+        if self._keys.size and USE_KERNELS:
+            found = _kernels.bucket_slots(self._keys, self._slots, keys, self._dead, self._n_dead > 0)
+            if not self._fresh:
+                return found
+            parts.append(found)
+        elif self._keys.size:
+            lo = np.searchsorted(self._keys, keys, "left")
+            hi = np.searchsorted(self._keys, keys, "right")
+            lens = hi - lo
+            total = int(lens.sum())
+            if total:
+                # the ranges [lo, hi) laid end to end
+                idx = np.arange(total) + np.repeat(lo - (np.cumsum(lens) - lens), lens)
+                found = self._slots[idx]
+                if self._n_dead:
+                    found = found[~self._dead[found]]
+                parts.append(found)
+        if self._fresh:
+            extra: list[int] = []
+            fresh = self._fresh
+            for key in keys.tolist():
+                cur = fresh.get(key)
+                if cur is None:
+                    continue
+                if isinstance(cur, set):
+                    extra.extend(cur)
+                else:
+                    extra.append(cur)
+            if extra:
+                parts.append(np.asarray(extra, dtype=np.int32))
+        if not parts:
+            return np.empty(0, dtype=np.int64)
+        found = np.concatenate(parts).astype(np.int64)
+        if not found.size:
+            return found
+        found.sort()
+        first = np.empty(found.size, dtype=bool)
+        first[0] = True
+        np.not_equal(found[1:], found[:-1], out=first[1:])
+        return found[first]
+
+
 # --------------------------------------------------------------------------------------------
 # The per-user index
 # --------------------------------------------------------------------------------------------
@@ -331,6 +548,7 @@ class _RowStore:
         self._m = np.zeros((16, width), dtype=dtype)
         self._slot: dict[str, int] = {}
         self._free: list[int] = []
+        self._held: list[int] = []
         #: slot -> node id (None: free)
         self.ids: list[str | None] = []
 
@@ -340,7 +558,7 @@ class _RowStore:
             if self._free:
                 slot = self._free.pop()
             else:
-                slot = len(self._slot)
+                slot = len(self.ids)
                 self.ids.append(None)
                 if slot >= self._m.shape[0]:
                     grown = np.zeros((self._m.shape[0] * 2, self._m.shape[1]), dtype=self._m.dtype)
@@ -350,17 +568,30 @@ class _RowStore:
             self.ids[slot] = node_id
         self._m[slot] = row
 
-    def drop(self, node_id: str) -> None:
+    def drop(self, node_id: str, hold: bool = False) -> None:
+        """Free the node's row; ``hold``: not reusable before :meth:`release`."""
         slot = self._slot.pop(node_id, None)
         if slot is not None:
-            self._free.append(slot)
+            (self._held if hold else self._free).append(slot)
             self.ids[slot] = None
+
+    def release(self, slots: Iterable[int]) -> None:
+        """Make held rows reusable."""
+        gone = set(slots)
+        self._free.extend(s for s in self._held if s in gone)
+        self._held = [s for s in self._held if s not in gone]
 
     def slot_of(self, node_id: str) -> int:
         return self._slot[node_id]
 
-    def rows_at(self, slots: np.ndarray) -> np.ndarray:
-        return self._m[slots]
+    def equal_counts(self, slots: np.ndarray, row: np.ndarray) -> np.ndarray:
+        """Per slot of ``slots``: how many positions of its row equal ``row``."""
+        if USE_KERNELS:
+            m = self._m
+            if m.dtype == np.uint8 and m.shape[1] % 8 == 0:  # 8 bytes at a time
+                return _kernels.equal_byte_counts(m.view(np.uint64), slots, np.ascontiguousarray(row).view(np.uint64))
+            return _kernels.equal_counts(m, slots, row)
+        return (self._m[slots] == row[None, :]).sum(axis=1, dtype=np.int64)
 
     def get(self, node_id: str) -> np.ndarray | None:
         slot = self._slot.get(node_id)
@@ -369,6 +600,67 @@ class _RowStore:
     def rows(self, ids: Sequence[str]) -> np.ndarray:
         slots = np.fromiter((self._slot[i] for i in ids), dtype=np.int64, count=len(ids))
         return self._m[slots]
+
+
+class _Ragged:
+    """Variable-length int32 rows addressed by slot, end to end in one array (4 bytes per
+    value, no object per row), so the rows of many slots are gathered in one numpy
+    operation. A dropped row leaves a hole, squeezed out when holes exceed the rows kept."""
+
+    def __init__(self) -> None:
+        self._flat = np.zeros(1024, dtype=np.int32)
+        self._used = 0
+        self._holes = 0
+        self.start = np.zeros(16, dtype=np.int64)
+        self.length = np.zeros(16, dtype=np.int64)
+
+    def put(self, slot: int, row: np.ndarray) -> None:
+        if slot >= self.start.size:
+            size = max(slot + 1, 2 * self.start.size)
+            self.start = np.concatenate((self.start, np.zeros(size - self.start.size, dtype=np.int64)))
+            self.length = np.concatenate((self.length, np.zeros(size - self.length.size, dtype=np.int64)))
+        self.drop(slot)
+        n = row.size
+        if self._used + n > self._flat.size:
+            if self._holes > self._used // 2:
+                self._squeeze()
+            if self._used + n > self._flat.size:
+                grown = np.zeros(max(self._used + n, 2 * self._flat.size), dtype=np.int32)
+                grown[: self._used] = self._flat[: self._used]
+                self._flat = grown
+        self._flat[self._used : self._used + n] = row
+        self.start[slot], self.length[slot] = self._used, n
+        self._used += n
+
+    def drop(self, slot: int) -> None:
+        if slot < self.length.size:
+            self._holes += int(self.length[slot])
+            self.length[slot] = 0
+
+    def _squeeze(self) -> None:
+        slots = np.flatnonzero(self.length)
+        flat = self.gather(slots)
+        self._flat[: flat.size] = flat
+        self.start[slots] = np.cumsum(self.length[slots]) - self.length[slots]
+        self._used, self._holes = int(flat.size), 0
+
+    def member_counts(self, slots: np.ndarray, member: np.ndarray) -> np.ndarray:
+        """Per slot of ``slots``: how many values of its row are marked in ``member``."""
+        if USE_KERNELS:
+            return _kernels.member_counts(self._flat, self.start, self.length, slots, member)
+        sizes = self.length[slots]
+        cum = np.concatenate(([0], np.cumsum(member[self.gather(slots)], dtype=np.int64)))
+        ends = np.cumsum(sizes)
+        return cum[ends] - cum[ends - sizes]
+
+    def gather(self, slots: np.ndarray) -> np.ndarray:
+        """The rows of ``slots``, end to end (lengths: ``length[slots]``)."""
+        lens = self.length[slots]
+        total = int(lens.sum())
+        if not total:
+            return np.empty(0, dtype=np.int32)
+        idx = np.arange(total) + np.repeat(self.start[slots] - (np.cumsum(lens) - lens), lens)
+        return self._flat[idx]
 
 
 class _Hyperplanes:
@@ -396,11 +688,17 @@ def shared_hyperplanes(dim: int, tables: int, bits: int, seed: int) -> _Hyperpla
 class SimilarityIndex:
     """Per-user LSH index over live nodes: ``add`` / ``remove`` / ``candidates``.
 
-    Memory per node of a hashed user: ``text_bands`` bucket entries + a ``num_perm`` × uint32
-    signature row + its shingle numbers (int32 each, ~60 for a sentence; the per-user numbering
-    keeps every shingle string once and is not trimmed when nodes go: it is rebuilt with the
-    index), plus ``hyperplane_tables`` entries + a float32 unit vector when it has an
-    embedding. A user not hashed holds only a reference to each node's text and embedding."""
+    Memory per node of a hashed user: ``text_bands`` bucket entries of 12 bytes (see
+    :class:`_BandTable`) + a ``num_perm``-byte row (the low byte of each MinHash value) + its
+    shingle numbers (int32 each, ~70 for a sentence, end to end in one array; the per-user
+    numbering keeps every shingle string once and is not trimmed when nodes go: it is rebuilt
+    with the index) — ~1.3 KB of arrays for a sentence with the defaults, 4.8 KB of RSS per
+    node measured for a 50k-node user (bench/RESULTS.md) — plus ``hyperplane_tables``
+    dict entries + a float32 unit vector when it has an embedding. A user not hashed holds
+    only a reference to each node's text and embedding."""
+
+    #: fresh nodes are merged into the sorted bucket arrays past max(this, an eighth of them)
+    band_merge_min = 2048
 
     def __init__(self, config: IndexConfig | None = None) -> None:
         self.config = config or IndexConfig()
@@ -415,14 +713,18 @@ class SimilarityIndex:
         #: ``exact_scan_below`` entries; dropped when the user grows past that)
         self._shingles: dict[str, tuple[str, frozenset[str]]] = {}
         # the hash tables (created by ``_build``: a small user never needs them)
-        self._text_tables: list[dict] = []
-        self._text_keys: dict[str, tuple[int, ...]] = {}
+        self._bands: _BandTable | None = None
+        #: per node, the low byte of each MinHash value (b-bit MinHash, b = 8): what bucket
+        #: hits are verified on (4× less memory than the values; see ``candidates``)
         self._sigs: _RowStore | None = None
+        #: the last query's (text, shingles, signature, band keys): the node a candidate
+        #: forms has the candidate's text, so it is not hashed twice
+        self._last: tuple[str, frozenset[str], np.ndarray, np.ndarray] | None = None
         #: hashed users: each distinct shingle of the indexed texts numbered (per user, so no
         #: collision is possible), and per node the sorted numbers of its shingle set — exact
-        #: Jaccard of many nodes at once (:meth:`jaccard_many`)
+        #: Jaccard of many nodes at once (:meth:`_jaccard_slots`)
         self._vocab: dict[str, int] = {}
-        self._shingle_ids: dict[str, np.ndarray] = {}
+        self._shingle_ids = _Ragged()  # by signature slot
         # node_id -> (dim, codes)
         self._emb: dict[str, tuple[int, tuple[int, ...]]] = {}
         self._emb_tables: dict[int, list[dict]] = {}
@@ -453,12 +755,26 @@ class SimilarityIndex:
             self._emb_rows[dim] = _RowStore(dim, np.float32)
         return hp
 
-    def _signature(self, text: str, shingles: frozenset[str] | None = None) -> np.ndarray:
-        return self._minhash.signature(text_shingles(text) if shingles is None else shingles).astype(np.uint32)
-
-    def _keys(self, sig: np.ndarray) -> tuple[int, ...]:
+    def _hashed_text(
+        self, text: str, shingles: frozenset[str] | None = None
+    ) -> tuple[frozenset[str], np.ndarray, np.ndarray]:
+        """(shingles, MinHash signature, band keys) of a text (the last one is remembered)."""
+        last = self._last
+        if last is not None and last[0] == text:
+            return last[1], last[2], last[3]
+        if shingles is None:
+            shingles = text_shingles(text)
+        sig = self._minhash.signature(shingles)
         c = self.config
-        return _band_keys(sig.astype(np.uint64), c.text_bands, c.text_rows)
+        keys = _band_keys(sig, c.text_bands, c.text_rows)
+        self._last = (text, shingles, sig, keys)
+        return shingles, sig, keys
+
+    def _shingle_numbers(self, shingles: frozenset[str]) -> np.ndarray:
+        vocab = self._vocab
+        return np.unique(
+            np.fromiter((vocab.setdefault(x, len(vocab)) for x in shingles), dtype=np.int32, count=len(shingles))
+        )
 
     # -- mutation ----------------------------------------------------------------------
     def add(self, node_id: str, text: str, embedding: Sequence[float] | None = None) -> None:
@@ -472,20 +788,18 @@ class SimilarityIndex:
             self._shingles.clear()  # no longer scanned exactly: the cache would only grow
 
     def _hash_node(self, node_id: str, text: str, embedding: Sequence[float] | None) -> None:
-        shingles = text_shingles(text)
-        sig = self._signature(text, shingles)
-        vocab = self._vocab
-        self._shingle_ids[node_id] = np.unique(
-            np.fromiter((vocab.setdefault(x, len(vocab)) for x in shingles), dtype=np.int32, count=len(shingles))
-        )
-        keys = self._keys(sig)
-        sigs = self._sigs
-        assert sigs is not None
-        sigs.put(node_id, sig)
-        slot = sigs.slot_of(node_id)  # the text buckets hold signature slots (ints)
-        for table, key in zip(self._text_tables, keys):
-            _bucket_add(table, key, slot)
-        self._text_keys[node_id] = keys
+        shingles, sig, keys = self._hashed_text(text)
+        sigs, bands = self._sigs, self._bands
+        assert sigs is not None and bands is not None
+        sigs.put(node_id, sig.astype(np.uint8))  # the low byte of each value
+        slot = sigs.slot_of(node_id)
+        self._shingle_ids.put(slot, self._shingle_numbers(shingles))
+        bands.add(slot, keys)  # the buckets hold signature slots (ints)
+        if bands.needs_merge():
+            sigs.release(bands.merge())
+        self._hash_embedding(node_id, embedding)
+
+    def _hash_embedding(self, node_id: str, embedding: Sequence[float] | None) -> None:
         if usable_embedding(embedding):
             unit = unit_vector(embedding)  # type: ignore[arg-type]
             dim = unit.shape[0]
@@ -495,30 +809,41 @@ class SimilarityIndex:
             self._emb[node_id] = (dim, codes)
             self._emb_rows[dim].put(node_id, unit.astype(np.float32))
 
-    def _build(self) -> None:
-        """Hash every node (in node_id order, so the layout does not depend on history)."""
+    def _build(self, chunk: int = 16) -> None:
+        """Hash every node (in node_id order, so the layout does not depend on history);
+        the signatures and band keys of ``chunk`` nodes at a time in one numpy pass."""
+        c = self.config
         self._hashed = True
-        self._text_tables = [dict() for _ in range(self.config.text_bands)]
-        self._sigs = _RowStore(self.config.num_perm, np.uint32)
-        for node_id in sorted(self._nodes):
-            text, embedding = self._nodes[node_id]
-            self._hash_node(node_id, text, embedding)
+        self._bands = _BandTable(c.text_bands, self.band_merge_min)
+        sigs = self._sigs = _RowStore(c.num_perm, np.uint8)
+        order = sorted(self._nodes)
+        all_keys = []
+        for i in range(0, len(order), chunk):
+            ids = order[i : i + chunk]
+            shingles = [text_shingles(self._nodes[n][0]) for n in ids]
+            block = self._minhash.signatures([shingle_hashes(sh) for sh in shingles])
+            all_keys.append(_band_keys_many(block, c.text_bands, c.text_rows))
+            low = block.astype(np.uint8)
+            for j, (node_id, sh) in enumerate(zip(ids, shingles)):
+                sigs.put(node_id, low[j])
+                self._shingle_ids.put(sigs.slot_of(node_id), self._shingle_numbers(sh))
+                self._hash_embedding(node_id, self._nodes[node_id][1])
+        slots = np.fromiter((sigs.slot_of(n) for n in order), dtype=np.int64, count=len(order))
+        keys = np.concatenate(all_keys) if all_keys else np.empty((0, c.text_bands), dtype=np.uint64)
+        self._bands.build(slots, keys)
 
     def remove(self, node_id: str) -> None:
         """Forget a node (no-op when it is not indexed)."""
         if self._nodes.pop(node_id, None) is None:
             return
         self._shingles.pop(node_id, None)
-        keys = self._text_keys.pop(node_id, None)
-        if keys is None:
+        if not self._hashed:
             return
-        sigs = self._sigs
-        assert sigs is not None
+        sigs, bands = self._sigs, self._bands
+        assert sigs is not None and bands is not None
         slot = sigs.slot_of(node_id)
-        for table, key in zip(self._text_tables, keys):
-            _bucket_remove(table, key, slot)
-        sigs.drop(node_id)
-        self._shingle_ids.pop(node_id, None)
+        sigs.drop(node_id, hold=not bands.remove(slot))
+        self._shingle_ids.drop(slot)
         emb = self._emb.pop(node_id, None)
         if emb is not None:
             dim, codes = emb
@@ -559,27 +884,21 @@ class SimilarityIndex:
             self._shingles[node_id] = (text, sh)
         return sh
 
-    def jaccard_many(self, shingles: frozenset[str], node_ids: Sequence[str]) -> dict[str, float]:
-        """``jaccard(shingles, text_shingles(text of node))`` for each hashed node of
-        ``node_ids`` — the same floats, bit for bit (integer counts, one division), computed
-        on the numbered shingle sets in one vectorized pass instead of one set per node.
-        Nodes not hashed are left out (the caller scores them itself)."""
-        ids = [i for i in node_ids if i in self._shingle_ids]
-        if not ids:
-            return {}
+    def _jaccard_slots(self, shingles: frozenset[str], at: np.ndarray) -> np.ndarray:
+        """``jaccard(shingles, text_shingles(text of node))`` for the nodes in signature slots
+        ``at`` — the same floats, bit for bit (integer counts, one division), computed on the
+        numbered shingle sets in one pass instead of one set per node."""
+        if not at.size:
+            return np.empty(0, dtype=np.float64)
         vocab = self._vocab
-        q = np.fromiter((n for n in map(vocab.get, shingles) if n is not None), dtype=np.int32)
-        arrays = [self._shingle_ids[i] for i in ids]
-        sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
-        hit = np.isin(np.concatenate(arrays), q)
-        ends = np.cumsum(sizes)
-        cum = np.concatenate(([0], np.cumsum(hit, dtype=np.int64)))
-        inter = (cum[ends] - cum[ends - sizes]).tolist()
-        lq = len(shingles)
-        out = {}
-        for nid, la, n in zip(ids, sizes.tolist(), inter):
-            out[nid] = 0.0 if la == 0 and lq == 0 else n / (la + lq - n)
-        return out
+        member = np.zeros(len(vocab), dtype=bool)  # which numbered shingles the query has
+        member[np.fromiter((n for n in map(vocab.get, shingles) if n is not None), dtype=np.int64)] = True
+        rows = self._shingle_ids
+        sizes = rows.length[at]
+        inter = rows.member_counts(at, member)
+        union = sizes + len(shingles) - inter
+        # int / int in float64 is the correctly rounded quotient, as Python's int / int
+        return np.where(union == 0, 0.0, inter / np.maximum(union, 1))
 
     def candidates(
         self, text: str, embedding: Sequence[float] | None = None, shingles: frozenset[str] | None = None
@@ -590,10 +909,33 @@ class SimilarityIndex:
         dimension) come from the hyperplane tables; every other node from the MinHash bands.
         Bucket hits are verified on the stored signatures / vectors (see IndexConfig).
         ``shingles``: ``text_shingles(text)`` when the caller has it already."""
+        return self._find(text, embedding, shingles, None, False)[0]
+
+    def scored_candidates(
+        self,
+        text: str,
+        embedding: Sequence[float] | None = None,
+        shingles: frozenset[str] | None = None,
+        text_floor: float | None = None,
+    ) -> tuple[set[str], dict[str, float]]:
+        """:meth:`candidates` with the exact Jaccard of the nodes found through the MinHash bands
+        (node_id -> the float ``jaccard`` gives, bit for bit; empty while the user is scanned
+        exactly). ``text_floor``: when the query has no usable embedding (so every node is
+        scored by Jaccard), nodes whose exact Jaccard is below it are left out."""
+        return self._find(text, embedding, shingles, text_floor, True)
+
+    def _find(
+        self,
+        text: str,
+        embedding: Sequence[float] | None,
+        shingles: frozenset[str] | None,
+        text_floor: float | None,
+        score: bool,
+    ) -> tuple[set[str], dict[str, float]]:
         c = self.config
         if len(self._nodes) <= c.exact_scan_below:
             self.last_raw_candidates = len(self._nodes)
-            return set(self._nodes)
+            return set(self._nodes), {}
         if not self._hashed:
             self._build()
         out: set[str] = set()
@@ -616,24 +958,32 @@ class SimilarityIndex:
                     est = self._emb_rows[dim].rows(ids) @ unit.astype(np.float32)
                     hits = {i for i, e in zip(ids, est.tolist()) if e >= c.embedding_verify_floor}
                 out |= hits
-        sig = self._signature(text, shingles)
-        emb = self._emb
-        sigs = self._sigs
-        assert sigs is not None
-        slots: set[int] = set()
-        for table, key in zip(self._text_tables, self._keys(sig)):
-            slots.update(_bucket_iter(table, key))
+        shingles, sig, keys = self._hashed_text(text, shingles)
+        sigs, bands = self._sigs, self._bands
+        assert sigs is not None and bands is not None
+        at = bands.lookup(keys)
         slot_ids = sigs.ids
-        if dim is not None and slots:
+        if dim is not None and at.size:
             # scored by cosine: their recall comes from the hyperplanes
-            slots = {s for s in slots if (e := emb.get(slot_ids[s])) is None or e[0] != dim}  # type: ignore[arg-type]
-        raw += len(slots)
-        if slots and c.text_verify_floor is not None:
-            at = np.fromiter(slots, dtype=np.int64, count=len(slots))
-            est = (sigs.rows_at(at) == sig[None, :]).mean(axis=1)
-            at = at[est >= c.text_verify_floor]
-            out.update(slot_ids[s] for s in at.tolist())  # type: ignore[misc]
-        else:
-            out.update(slot_ids[s] for s in slots)  # type: ignore[misc]
+            emb = self._emb
+            at = np.fromiter(
+                (s for s in at.tolist() if (e := emb.get(slot_ids[s])) is None or e[0] != dim),  # type: ignore[arg-type]
+                dtype=np.int64,
+            )
+        raw += at.size
+        if at.size and c.text_verify_floor is not None:
+            # the share of equal low bytes is at least the share of equal values (b-bit
+            # MinHash): this keeps every hit the full values would keep, and a few more
+            equal = sigs.equal_counts(at, sig.astype(np.uint8))
+            at = at[equal / c.num_perm >= c.text_verify_floor]
         self.last_raw_candidates = raw
-        return out
+        if not score:
+            out.update(slot_ids[s] for s in at.tolist())  # type: ignore[misc]
+            return out, {}
+        jac = self._jaccard_slots(shingles, at)
+        if text_floor is not None and dim is None:
+            keep = jac >= text_floor
+            at, jac = at[keep], jac[keep]
+        ids = [slot_ids[s] for s in at.tolist()]
+        out.update(ids)  # type: ignore[arg-type]
+        return out, dict(zip(ids, jac.tolist()))  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 
 The fast paths — exact scan without MinHash signatures while a user has at most
 ``exact_scan_below`` live nodes, the per-node shingle cache, one hasher shared by every user,
-hash tables built on first need, the vectorized exact Jaccard (``jaccard_many``), uuid5
+hash tables built on first need, the vectorized exact Jaccard (``scored_candidates``), uuid5
 computed without ``uuid.UUID`` objects — must change nothing a consumer can see. The oracle is
 the *old path*, run in the same test (no stored file: it would go stale whenever the
 consolidation arithmetic changes): :func:`old_path` — every node hashed as it is added, no
@@ -115,7 +115,10 @@ def old_path(stream, monkeypatch, config: IndexConfig = OLD_INDEX, decider=None)
         m.setattr(ids, "uuid5_str", reference_uuid5_str)
         m.setattr(SimilarityIndex, "add", eager_add)
         m.setattr(SimilarityIndex, "shingles_of", lambda self, node_id, text: text_shingles(text))
-        m.setattr(SimilarityIndex, "jaccard_many", lambda self, shingles, node_ids: {})
+        m.setattr(
+            SimilarityIndex, "scored_candidates",
+            lambda self, text, embedding=None, shingles=None, text_floor=None: (self.candidates(text, embedding, shingles), {}),
+        )
         return run(stream, config, decider)
 
 
