@@ -135,7 +135,7 @@ class Runtime:
         self.tables: dict[str, faust.types.TableT] = {}
         self._changelogs: dict[str, faust.types.TableT] = {}  # changelog topic -> its table
         #: (name, partitions, retention ms) of the internal topics: the worker creates them first
-        self.internal_topics: list[tuple[str, int, int | None]] = []
+        self.internal_topics: list[tuple[str, int, dict[str, str]]] = []
         self.View = api_view(parse_tokens(settings.api_tokens))  # base class of every HTTP view
         #: set by `memstream worker`: watches the registry ids, broker and disk (streams/probe.py)
         self.probe: "WorkerProbe | None" = None
@@ -186,6 +186,11 @@ class Runtime:
             return _Sent(partition)
 
         table.send_changelog = send_changelog_tracked  # the batch waits for it (streams.effects step 4)
+        # created by the worker before Faust subscribes, as the internal topics are: a changelog
+        # missing from the consumer's metadata snapshot reads as 0 partitions, and Faust's check of
+        # the first write to the table (`PartitionsMismatch`) then stops the worker
+        self.internal_topics.append((changelog.get_topic_name(), self.settings.partitions,
+                                     {"cleanup.policy": "compact"}))
         self.tables[name] = table
         return table
 
@@ -197,14 +202,14 @@ class Runtime:
 
     def internal_topic(self, suffix: str, retention: timedelta | None = None) -> faust.TopicT:
         """An internal topic `<app_id>-<suffix>` (raw bytes, the catalog's partition count),
-        recorded in `internal_topics` so that the worker creates it before Faust subscribes:
+        recorded in `internal_topics` (as the tables' changelogs are) so that the worker creates it before Faust subscribes:
         a topic Faust creates itself at start-up may not be in the broker's metadata yet when
         the consumer subscribes, and aiokafka then ignores it until its next metadata refresh
         (minutes: no ticks, no housekeeping, no analytics publishing until then)."""
         topic = self.app.topic(f"{self.settings.app_id}-{suffix}", partitions=self.settings.partitions,
                                internal=True, key_serializer="raw", value_serializer="raw", retention=retention)
         self.internal_topics.append((topic.get_topic_name(), self.settings.partitions,
-                                     int(retention.total_seconds() * 1000) if retention else None))
+                                     {"retention.ms": str(int(retention.total_seconds() * 1000))} if retention else {}))
         return topic
 
     def partition_of(self, key: str) -> int:

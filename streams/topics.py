@@ -131,10 +131,10 @@ def missing_topics(settings: Settings, admin: AdminClient | None = None, timeout
     return [t.name for t in catalog.topics() if t.name not in md.topics]
 
 
-def ensure_internal(settings: Settings, topics: list[tuple[str, int, int | None]], timeout: float = 60.0,
+def ensure_internal(settings: Settings, topics: list[tuple[str, int, dict[str, str]]], timeout: float = 60.0,
                     admin: AdminClient | None = None) -> list[str]:
-    """Create the worker's internal topics `(name, partitions, retention ms or None)` that are
-    missing and wait until every partition of each has a leader; returns the names created."""
+    """Create the worker's internal topics and table changelogs `(name, partitions, config)` that
+    are missing and wait until every partition of each has a leader; returns the names created."""
     import time
 
     admin = admin or admin_client(settings)
@@ -142,9 +142,8 @@ def ensure_internal(settings: Settings, topics: list[tuple[str, int, int | None]
         md = admin.list_topics(timeout=timeout)
     except Exception as exc:  # KafkaException: broker unreachable
         raise TopicError(f"cannot reach Kafka at {settings.broker} ({exc}); is the stack up? try `memstream dev up`") from None
-    new = [NewTopic(name, partitions, settings.replication,
-                    config={"retention.ms": str(retention)} if retention else {})
-           for name, partitions, retention in topics if name not in md.topics]
+    new = [NewTopic(name, partitions, settings.replication, config=dict(config))
+           for name, partitions, config in topics if name not in md.topics]
     for name, fut in (admin.create_topics(new, request_timeout=timeout).items() if new else ()):
         try:
             fut.result()

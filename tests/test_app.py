@@ -25,6 +25,16 @@ def test_every_table_changelog_keys_are_the_source_key_bytes(runtime):
         assert table.changelog_topic.partitions == 5, name
 
 
+def test_every_changelog_and_internal_topic_is_created_by_the_worker_before_faust_subscribes(runtime):
+    # a topic missing from the consumer's first metadata snapshot reads as 0 partitions until the
+    # next refresh (minutes): Faust then refuses the table's first write (PartitionsMismatch)
+    created = {name: (partitions, config) for name, partitions, config in runtime.internal_topics}
+    for name, table in runtime.tables.items():
+        assert created[table.changelog_topic.get_topic_name()] == (5, {"cleanup.policy": "compact"}), name
+    ticks = [n for n in created if n.endswith("-ticks")]
+    assert ticks and all(created[n][1] == {"retention.ms": "3600000"} for n in ticks)
+
+
 def test_partition_of_matches_murmur2_of_the_java_client(runtime):
     # reference values: Java's Utils.murmur2 (positive) % 5, as librdkafka's murmur2_random computes
     from aiokafka.partitioner import murmur2
