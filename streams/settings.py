@@ -142,6 +142,9 @@ class Settings:
         if self.output_producer not in OUTPUT_PRODUCERS:
             raise SettingsError(f"MEMSTREAM_OUTPUT_PRODUCER={self.output_producer!r} is not one of "
                                 f"{', '.join(OUTPUT_PRODUCERS)}")
+        for name in ("loaded_nodes_max", "housekeeping_max_rows_per_tick"):  # bounds: 0 would bound nothing
+            if getattr(self, name) < 1:
+                raise SettingsError(f"MEMSTREAM_{name.upper()}={getattr(self, name)} must be at least 1")
 
     def replace(self, **changes: Any) -> "Settings":
         return dataclasses.replace(self, **changes)

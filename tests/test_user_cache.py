@@ -419,3 +419,12 @@ def test_a_node_row_missing_fields_is_completed_before_the_rule():
     del old["updated_at"]  # completed from created_at; the episodic half-life is 3 days
     assert may_expire([("u/n-1", old)], 10 * day, policy)
     assert not may_expire([("u/n-1", old)], 0, policy)
+
+
+@pytest.mark.parametrize("var", ["MEMSTREAM_LOADED_NODES_MAX", "MEMSTREAM_HOUSEKEEPING_MAX_ROWS_PER_TICK"])
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_a_bound_below_one_is_a_settings_error_naming_the_variable(var, value):
+    from streams.settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError, match=f"{var}={value} must be at least 1"):
+        Settings.from_env({var: value})
