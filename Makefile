@@ -20,7 +20,7 @@ test: $(STAMP) browser
 
 # the fault suite against a single-worker reference (opt-in: see tests/conftest.py)
 test-faults: $(STAMP)
-	MEMSTREAM_FAULT_SUITE=1 $(PY) -m pytest tests/test_faults_kafka.py $(PYTEST_ARGS)
+	MEMSTREAM_FAULT_SUITE=1 $(PY) -m pytest tests/system/test_faults_kafka.py $(PYTEST_ARGS)
 
 browser:
 	bash scripts/install-browser.sh

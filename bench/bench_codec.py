@@ -16,7 +16,7 @@ from typing import Callable
 
 import orjson
 
-from streams.wire import CodecFactory, WireFormat
+from streams.contracts.wire import CodecFactory, WireFormat
 
 EVENT = {
     "event_id": "0b7e4c1a-3f1d-5c2e-9a77-0d6f0f8e21c4",

@@ -8,7 +8,7 @@ per store, two workers), latency at half load, changelog recovery, peak RSS.
 
 What each figure means:
 
-* **load**: `streams.generate`'s sample stream (memory candidates, device events, turns, negotiator
+* **load**: `streams.tools.generate`'s sample stream (memory candidates, device events, turns, negotiator
   requests, sessions, graphs, bad records) for `--users` users, timestamps from one hour ago (so
   housekeeping has nothing to prune), interleaved round-robin by key (per-key order kept) and
   Avro-encoded once up front. "load generator" is the rate the producer alone sends it. Every
@@ -88,15 +88,16 @@ from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from bench.bench_consolidation import memory_text, vocabulary
-from streams import catalog, devstack, generate, kafkatools, topics
+from streams.contracts import catalog, topics
+from streams.tools import devstack, generate, kafkatools
 from streams.agents.memory import SOURCES as MEMORY_INPUTS
 from streams.agents.memory import STATE_TABLE, node_key
 from streams.core import UserMemory, event_id_for
 from streams.core.nodes import make_node
 from streams.core.state import SEEN_CHUNK_KEY
-from streams.progress import Progress
+from streams.tools.progress import Progress
 from streams.settings import Settings
-from streams.wire import CodecFactory, encode_key
+from streams.contracts.wire import CodecFactory, encode_key
 
 INPUTS = [t.name for t in catalog.topics() if t.direction == "in"]
 OUTPUTS = [catalog.MEMORY_LEDGER, catalog.MEMORY_RELAY, catalog.MEMORY_NODES, catalog.MEMORY_QUARANTINE,
@@ -663,7 +664,7 @@ def stop_profiler(spy: subprocess.Popen) -> None:
     spy.wait(60)
 
 
-ENTRY_FRAMES = ("(streams/__main__.py)", "(streams/cli.py)", "(streams/worker.py)")  # in every sample
+ENTRY_FRAMES = ("(streams/__main__.py)", "(streams/tools/cli.py)", "(streams/runtime/worker.py)")  # in every sample
 
 
 def hotspots(collapsed: Path, top: int, scope: str) -> tuple[int, list[tuple[str, float]], list[tuple[str, float]]]:

@@ -3,7 +3,7 @@
 
 It runs in its own virtualenv (bench/.venv-quix, made by bench_e2e on first use: Quix Streams is a
 benchmark dependency, not a runtime one, and its pins need not agree with ours) with the repo on
-sys.path for `streams.core` and `streams.wire`:
+sys.path for `streams.core` and `streams.contracts.wire`:
 
     bench/.venv-quix/bin/python bench/quix_peer.py --broker 127.0.0.1:9092 --registry URL \\
         --group G --output TOPIC --count N --topics memory.candidates.v1,memory.events.v1,...
@@ -31,9 +31,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from quixstreams import Application  # noqa: E402
 
-from streams import catalog  # noqa: E402
+from streams.contracts import catalog  # noqa: E402
 from streams.core import UserMemory, process_candidate, process_event  # noqa: E402
-from streams.wire import CodecFactory  # noqa: E402
+from streams.contracts.wire import CodecFactory  # noqa: E402
 
 
 def cpu_s() -> float:

@@ -4,7 +4,7 @@
 
 Runs on the test suite's stack (tests/conftest.py TEST_ENV: its ports, its stack dir), starting
 it with `memstream dev up` when it is not up (`--down` stops it afterwards). Each run is a fresh
-app id and fresh users (tests/analytics_audit.py): one worker on RocksDB with a 1 s publish tick,
+app id and fresh users (tests/system/analytics_audit.py): one worker on RocksDB with a 1 s publish tick,
 the generator's memory + negotiator + garbage mix produced in small chunks with event time = now.
 A kill run SIGKILLs the worker part-way, produces the rest, restarts it on the same data dir.
 Prints a markdown table (published minute-window sums; hour windows are checked the same way
@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests import analytics_audit  # noqa: E402
+from tests.system import analytics_audit  # noqa: E402
 from tests.conftest import TEST_ENV, memstream  # noqa: E402
 
 

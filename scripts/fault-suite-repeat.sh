@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Runs the full test suite N times and records how the fault suite (tests/test_faults_kafka.py)
-# and the poison suite (tests/test_poison_kafka.py) fared in each run, inside the whole suite
+# Runs the full test suite N times and records how the fault suite (tests/system/test_faults_kafka.py)
+# and the poison suite (tests/system/test_poison_kafka.py) fared in each run, inside the whole suite
 # (they failed only there: the other tests leave the broker and the machine busy).
 #
 #   scripts/fault-suite-repeat.sh 10          # idle machine
 #   scripts/fault-suite-repeat.sh 5 --hog     # two busy-looping processes keep both cores busy
-#   TESTS="tests/test_faults_kafka.py tests/test_poison_kafka.py" scripts/fault-suite-repeat.sh 3
+#   TESTS="tests/system/test_faults_kafka.py tests/system/test_poison_kafka.py" scripts/fault-suite-repeat.sh 3
 #                                             # only those files (cheaper; not "inside the suite")
 #
 # Results: one line per run in test-artifacts/fault-repeat.txt (date, load average, outcome of

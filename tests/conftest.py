@@ -37,7 +37,7 @@ TEST_ENV = {
     "MEMSTREAM_STORE": "rocksdb://",
 }
 #: Every worker's data dir (RocksDB tables) lives under here, one per worker (tests/kafka_util.py
-#: `worker`, tests/test_faults_kafka.py `Fleet`); wiped with the broker at the start of a session:
+#: `worker`, tests/system/test_faults_kafka.py `Fleet`); wiped with the broker at the start of a session:
 #: a local store's offsets refer to the broker it was filled from.
 TEST_DATA = ROOT / ".memstream" / "test-data"
 
@@ -88,7 +88,8 @@ def _record_largest(settings) -> None:
     produced, for the record (`test-artifacts/largest-records.txt`; issue #12's closing note)."""
     from confluent_kafka.admin import AdminClient
 
-    from streams import catalog, kafkatools
+    from streams.contracts import catalog
+    from streams.tools import kafkatools
 
     try:
         names = AdminClient({"bootstrap.servers": settings.broker}).list_topics(timeout=10).topics
@@ -118,7 +119,7 @@ FAULT_SUITE_ENV = "MEMSTREAM_FAULT_SUITE"
 
 
 def pytest_collection_modifyitems(config, items):
-    """The fault suite (tests/test_faults_kafka.py, marker `faults`) is opt-in: it still finds
+    """The fault suite (tests/system/test_faults_kafka.py, marker `faults`) is opt-in: it still finds
     intermittent divergence from the reference when workers join, leave or are killed (issue 12,
     item 6, open). `make test-faults` and scripts/fault-suite-repeat.sh run it."""
     if os.environ.get(FAULT_SUITE_ENV) == "1":

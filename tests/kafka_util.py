@@ -16,9 +16,10 @@ from typing import Callable, Iterator
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from streams import catalog, devstack, kafkatools
+from streams.contracts import catalog
+from streams.tools import devstack, kafkatools
 from streams.settings import Settings
-from streams.wire import CodecFactory, InvalidKeyError, decode_key, encode_key
+from streams.contracts.wire import CodecFactory, InvalidKeyError, decode_key, encode_key
 
 from .conftest import ROOT, TEST_DATA, TEST_ENV
 

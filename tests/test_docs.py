@@ -6,7 +6,8 @@ import json
 import yaml
 from pathlib import Path
 
-from streams import asyncapi, catalog, readme
+from streams.contracts import asyncapi, catalog
+from streams.tools import readme
 from streams.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -14,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_readme_tables_match_the_code():
     text = readme.README.read_text()
-    assert readme.render(text) == text, "README tables are stale: run `python -m streams.readme`"
+    assert readme.render(text) == text, "README tables are stale: run `python -m streams.tools.readme`"
     for t in catalog.topics():
         assert f"| `{t.name}` |" in text
 
@@ -22,7 +23,7 @@ def test_readme_tables_match_the_code():
 def test_contract_tables_match_the_code_and_the_docs_stand_alone():
     text = readme.CONTRACT.read_text()
     assert readme.render(text, readme.CONTRACT_SECTIONS) == text, \
-        "docs/contract.md tables are stale: run `python -m streams.readme`"
+        "docs/contract.md tables are stale: run `python -m streams.tools.readme`"
     for doc in [readme.README, *sorted((ROOT / "docs").glob("*.md"))]:  # a clone has no ../shared/
         assert "shared/SPEC" not in doc.read_text(), doc
     for t in catalog.topics():
@@ -62,7 +63,7 @@ def test_docker_compose_parses_names_services_and_only_real_settings():
 
 
 def test_docker_compose_registry_keeps_its_storage_in_the_catalogs_topics():
-    from streams import catalog
+    from streams.contracts import catalog
 
     env = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["registry"]["environment"]
     assert env["APICURIO_STORAGE_KIND"] == "kafkasql"
@@ -73,7 +74,7 @@ def test_docker_compose_registry_keeps_its_storage_in_the_catalogs_topics():
 def test_every_key_column_names_fields_of_the_value_schema():
     """The catalog's key (and so README's key column) names the record fields the key is taken
     from, spelled as the schema spells them (`sessionId`, not `session_id`)."""
-    from streams import schemas
+    from streams.contracts import schemas
 
     for t in catalog.topics():
         if t.key == "original key":  # the DLQ keeps the failed record's own key

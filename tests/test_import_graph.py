@@ -20,8 +20,8 @@ def test_cycles_are_the_strongly_connected_components_of_more_than_one_module():
 def test_the_package_graph_resolves_relative_imports_to_modules_of_the_package():
     known = import_graph.modules()
     runtime, _ = import_graph.imports(known)
-    assert "streams.core.process" in known and "streams.app" in known
+    assert "streams.core.process" in known and "streams.runtime.app" in known
     assert all(b in known for targets in runtime.values() for b in targets)
-    assert "streams.settings" in runtime["streams.app"]  # `from .settings import Settings`
+    assert "streams.settings" in runtime["streams.runtime.app"]  # `from .settings import Settings`
     core = {a: b for a, b in runtime.items() if a.startswith("streams.core")}
     assert core and all(t.startswith("streams.core") for targets in core.values() for t in targets)  # a pure centre

@@ -1,5 +1,5 @@
-"""The Faust and aiokafka internals memstream relies on (docs/state-and-failures.md, streams/effects.py,
-streams/rebalance.py) were read in, and verified against, exactly the pinned versions: another
+"""The Faust and aiokafka internals memstream relies on (docs/state-and-failures.md, streams/runtime/checkpoint.py,
+streams/runtime/rebalance.py) were read in, and verified against, exactly the pinned versions: another
 installed version must fail loudly here, before anything subtler fails elsewhere."""
 
 from __future__ import annotations

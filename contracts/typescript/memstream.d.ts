@@ -762,7 +762,7 @@ export interface UserTurn {
   tagged_memories: Array<string>;
 }
 
-/** The value record of each topic (streams/catalog.py). */
+/** The value record of each topic (streams/contracts/catalog.py). */
 export interface TopicValues {
   "memory.events.v1": MemoryEvent;
   "memory.candidates.v1": CandidateMemory;

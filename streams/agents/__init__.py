@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..app import Runtime
+    from streams.runtime.app import Runtime
 
 
 def _modules():
-    from . import analytics, dashboard, graphs, memory, ops, sessions
+    from streams.agents import analytics, graphs, memory, sessions
+    from streams.api import dashboard, health
 
-    return [analytics, memory, graphs, sessions, ops, dashboard]
+    return [analytics, memory, graphs, sessions, health, dashboard]
 
 
 def consumed_topics() -> list[str]:

@@ -10,8 +10,8 @@ still published and expired (no reliance on Faust's window-close callback).
 Writers: the `analytics` table is written by the publish tick and by every agent that feeds it
 (memory batches and housekeeping, sessions, graphs, dead letters of any agent), each under its
 own lock, and each batch awaits the broker between its reads and its writes. So no writer
-stages a row it read: every change is an `effects.update`, a function applied to the row as it
-is when the batch writes (streams/effects.py, "Tables with more than one writer"):
+stages a row it read: every change is an `checkpoint.update`, a function applied to the row as it
+is when the batch writes (streams/checkpoint.py, "Tables with more than one writer"):
 
 - the feed adds its increments (`add_increment`) to that row;
 - the tick publishes the windows due in the row it read, then marks *those snapshots*
@@ -19,7 +19,7 @@ is when the batch writes (streams/effects.py, "Tables with more than one writer"
   stays due) and expires (`expire` drops only published windows) in the row as it is then.
 
 Both commute, so no interleaving of feeds and ticks loses an increment or drops an unpublished
-window. The table is declared `effects.updates_only`: a plain `effects.write` to it raises.
+window. The table is declared `checkpoint.updates_only`: a plain `checkpoint.write` to it raises.
 
 Record key: the catalog keys memory.analytics.v1 by `motebit_id`; each record is the complete
 aggregate of one window (`window`, `window_start` in the value), so re-publishing is harmless.
@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Iterable
 import aiohttp
 from faust.web import Request, Response
 
-from .. import catalog, effects
+from streams.contracts import catalog
+from streams.runtime import checkpoint
 from ..analytics import (
     HOUR,
     MINUTE,
@@ -54,10 +55,10 @@ from ..analytics import (
     windows_of,
 )
 from ..analytics import to_record as window_record
-from ..http import BadRequest, authenticated, parse_ms
+from streams.api.http import BadRequest, authenticated, parse_ms
 
 if TYPE_CHECKING:
-    from ..app import Runtime
+    from streams.runtime.app import Runtime
 
 SOURCES: list[str] = []  # fed by the other agents, reads no topic of its own
 WINDOW_PARAM = {"1m": MINUTE, "1h": HOUR}
@@ -66,7 +67,7 @@ PEER_TIMEOUT_S = 5.0  # a fleet summary asks every other worker for its part
 
 def register(rt: "Runtime") -> None:
     app = rt.app
-    table = effects.updates_only(rt.table("analytics"))
+    table = checkpoint.updates_only(rt.table("analytics"))
 
     def feed(increments: Iterable) -> None:
         now = int(time.time() * 1000)
@@ -74,7 +75,7 @@ def register(rt: "Runtime") -> None:
         for inc in increments:
             by_subject.setdefault(inc.subject, []).append(inc)
         for subject, incs in by_subject.items():
-            effects.update(table, subject, _adder(subject, incs, now))
+            checkpoint.update(table, subject, _adder(subject, incs, now))
 
     def _adder(subject: str, incs: list, now_ms: int):
         def add_to(state: dict | None) -> dict:
@@ -88,7 +89,7 @@ def register(rt: "Runtime") -> None:
     rt.feed_analytics = feed
     # an erasure (memory agent) removes the user's row; staged as an update, so it also drops
     # the increments the same batch fed before it
-    rt.erase_analytics = lambda subject: effects.update(table, subject, lambda _state: effects.DELETE)
+    rt.erase_analytics = lambda subject: checkpoint.update(table, subject, lambda _state: checkpoint.DELETE)
 
     async def publish(partition: int, now_ms: int) -> None:
         mine = [(s, st) for s, st in list(table.items())
@@ -99,12 +100,12 @@ def register(rt: "Runtime") -> None:
             for _snapshot, record in pairs:
                 await rt.send(catalog.MEMORY_ANALYTICS, subject, record)
             if pairs or _expirable(state, clock):
-                effects.update(table, subject, _publisher([snap for snap, _r in pairs], clock))
+                checkpoint.update(table, subject, _publisher([snap for snap, _r in pairs], clock))
 
     def _publisher(snapshots: list, clock: int | None):
         def published(state: dict | None):
             if state is None:  # never deleted; nothing to mark
-                return effects.DELETE
+                return checkpoint.DELETE
             mark_published(state, snapshots)
             expire(state, clock)
             return state

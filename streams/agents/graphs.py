@@ -2,7 +2,7 @@
 
 State lives in the `graph-state` table keyed by `graphId` (the message key, so the table's
 changelog partition is the source partition); outputs are acknowledged before the table write
-(streams/effects.py). A partition-local timer (`Runtime.ticks`)
+(streams/checkpoint.py). A partition-local timer (`Runtime.ticks`)
 re-evaluates stall flags on the graphs of each owned partition and republishes the graphs whose
 flags changed.
 """
@@ -15,15 +15,16 @@ from typing import TYPE_CHECKING
 from faust.web import Request, Response
 
 from ..core.limits import quote
-from .. import catalog, effects
+from streams.contracts import catalog
+from streams.runtime import checkpoint
 from ..analytics import classify_graph_budget
-from ..http import authenticated
-from ..app import Rejected
+from streams.api.http import authenticated
+from streams.runtime.app import Rejected
 from ..core.limits import id_problem
 from ..graphs import state as graph_state
 
 if TYPE_CHECKING:
-    from ..app import Runtime
+    from streams.runtime.app import Runtime
 
 EVENT_ID_HEADER = "memstream.event_id"
 SOURCES = [catalog.GRAPH_EVENTS]
@@ -42,7 +43,7 @@ def register(rt: "Runtime") -> None:
             raise Rejected(f"record graphId {quote(record.get('graphId'))} differs from its key {quote(key)}", "graph.key_mismatch")
         headers = dict(event.message.headers or [])
         event_id = headers.get(EVENT_ID_HEADER)
-        old = effects.read(table, key)
+        old = checkpoint.read(table, key)
         try:
             new = graph_state.apply(old, record, s.graph_stall_ms,
                                     event_id=event_id.decode(errors="replace") if event_id else None, limits=limits)
@@ -52,7 +53,7 @@ def register(rt: "Runtime") -> None:
             rt.count("duplicate:graph.events.v1")
             return
         await rt.send(catalog.GRAPH_STATE, key, graph_state.to_record(new))
-        effects.write(table, key, new)
+        checkpoint.write(table, key, new)
         rt.feed_analytics(classify_graph_budget(old, new))
 
     lock = asyncio.Lock()  # the agent's batches and the stall sweeps write the same table
@@ -66,7 +67,7 @@ def register(rt: "Runtime") -> None:
             marked = graph_state.mark_stalled(st, now_ms, s.graph_stall_ms)
             if graph_state.stalled_nodes(marked) != graph_state.stalled_nodes(st):
                 await rt.send(catalog.GRAPH_STATE, key, graph_state.to_record(marked))
-                effects.write(table, key, marked)
+                checkpoint.write(table, key, marked)
 
     rt.ticks("graph-stall", catalog.GRAPH_EVENTS, stall_sweep, lock=lock)
 

@@ -26,7 +26,7 @@ partition's RocksDB: `streams.agents.state_scan`) into an LRU bounded by MEMSTRE
 (`streams.agents.user_cache`), and dropped at every rebalance (so after a restart or a partition
 move a user is read again from the recovered changelog, when it is next needed).
 
-Write order (streams/effects.py): a batch's outputs are sent and acknowledged first; then the
+Write order (streams/checkpoint.py): a batch's outputs are sent and acknowledged first; then the
 aux rows, then the node rows. So "the input is marked seen" implies "its outputs are durable",
 and an aux row in the changelog without the node rows after it is completed from `pending`. A
 crash re-processes the unwritten part of a batch with the same derived ids.
@@ -43,8 +43,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import orjson
 from faust.web import Request, Response
 
-from .. import catalog, effects
-from ..app import Rejected
+from streams.contracts import catalog
+from streams.runtime import checkpoint
+from streams.runtime.app import Rejected
 from ..core import (
     ConsolidationPolicy,
     Outcome,
@@ -71,14 +72,23 @@ from ..core.negotiator import (
 )
 from ..core.redaction import relay_events, threshold_for
 from ..core.state import SEEN_CHUNK_KEY
-from ..deadletter import STAGE_APPLY, STAGE_VALIDATE
+from streams.contracts.deadletter import STAGE_APPLY, STAGE_VALIDATE
 from ..core.vocabulary import SENSITIVITY_LEVELS
 from . import state_scan
 from .user_cache import SweepSlices, UserCache, load_user, may_expire, weight
-from ..http import SCOPE_ADMIN, SCOPE_NEGOTIATOR, BadRequest, Token, authenticated, mask_node, parse_ms, visible
+from streams.api.http import (
+    SCOPE_ADMIN,
+    SCOPE_NEGOTIATOR,
+    BadRequest,
+    Token,
+    authenticated,
+    mask_node,
+    parse_ms,
+    visible,
+)
 
 if TYPE_CHECKING:
-    from ..app import Runtime
+    from streams.runtime.app import Runtime
 
 log = logging.getLogger("memstream.memory")
 
@@ -177,7 +187,7 @@ class MemoryStore:
         return threshold_for(motebit_id, None if override is None else {motebit_id: override},
                              self.rt.settings.relay_threshold)
 
-    # DerivedCache (streams.effects): `refresh` before every batch attempt (the previous one is
+    # DerivedCache (streams.runtime.checkpoint): `refresh` before every batch attempt (the previous one is
     # written, or dropped by `invalidate`), `invalidate` after a failed attempt.
     def refresh(self) -> None:
         if not self.valid:
@@ -244,7 +254,7 @@ class MemoryStore:
         """Cache a loaded user with its redo log (rewritten by its next write: `stage`); inside
         a batch it is pinned until the batch is written."""
         self.rt.count("memory_users:loaded")
-        self._forget(self.users.put(motebit_id, um, pin=effects.current_batch() is not None))
+        self._forget(self.users.put(motebit_id, um, pin=checkpoint.current_batch() is not None))
         if redo:
             self.redo[motebit_id] = redo
         self._gauges()
@@ -255,7 +265,7 @@ class MemoryStore:
         self._readable()
         if motebit_id in self.corrupt:
             raise UserContained(motebit_id, self.corrupt[motebit_id])
-        um = self.users.get(motebit_id, pin=effects.current_batch() is not None)
+        um = self.users.get(motebit_id, pin=checkpoint.current_batch() is not None)
         if um is None:
             um, redo = self._load(motebit_id)
             if um is None:
@@ -289,7 +299,7 @@ class MemoryStore:
     def keep(self, motebit_id: str, um: UserMemory, redo: dict | None) -> None:
         """A user from `partition_users` that the batch changes: cached (and pinned) so that the
         batch's effects stay with it until they are written."""
-        if self.users.get(motebit_id, pin=effects.current_batch() is not None) is None:
+        if self.users.get(motebit_id, pin=checkpoint.current_batch() is not None) is None:
             self._keep(motebit_id, um, redo or {})
 
     def stage(self, motebit_id: str, um: UserMemory, out: Outcome) -> None:
@@ -299,31 +309,31 @@ class MemoryStore:
         write after a rebuild also rewrites the rows of the user's last redo log: a crash may
         have kept them out of the table, and the new aux row will no longer carry them."""
         for suffix, row in self.redo.pop(motebit_id, {}).items():
-            effects.write(self.state, node_key(motebit_id, suffix), effects.DELETE if row is None else row)
+            checkpoint.write(self.state, node_key(motebit_id, suffix), checkpoint.DELETE if row is None else row)
         for node in out.node_upserts:
-            effects.write(self.state, node_key(motebit_id, node["node_id"]), node)
+            checkpoint.write(self.state, node_key(motebit_id, node["node_id"]), node)
         for node_id in out.node_deletions:
-            effects.write(self.state, node_key(motebit_id, node_id), effects.DELETE)
+            checkpoint.write(self.state, node_key(motebit_id, node_id), checkpoint.DELETE)
         sealed, dropped = um.seen_changes()
         for k, rows in sealed.items():
-            effects.write(self.state, node_key(motebit_id, f"{SEEN_CHUNK_KEY}{k}"), rows)
+            checkpoint.write(self.state, node_key(motebit_id, f"{SEEN_CHUNK_KEY}{k}"), rows)
         for k in dropped:
-            effects.write(self.state, node_key(motebit_id, f"{SEEN_CHUNK_KEY}{k}"), effects.DELETE)
+            checkpoint.write(self.state, node_key(motebit_id, f"{SEEN_CHUNK_KEY}{k}"), checkpoint.DELETE)
         side = um.side_changes()  # deleted ids and fingerprints, pins: one small row each
         for suffix, row in side.items():
-            effects.write(self.state, node_key(motebit_id, suffix), effects.DELETE if row is None else row)
+            checkpoint.write(self.state, node_key(motebit_id, suffix), checkpoint.DELETE if row is None else row)
         # the aux row carries these rows as its redo log: past the budget, the batch is made
-        # durable after this record (streams.effects), so the aux row stays bounded
+        # durable after this record (streams.runtime.checkpoint), so the aux row stays bounded
         staged = sum(len(orjson.dumps(n)) for n in out.node_upserts) + sum(len(orjson.dumps(r)) for r in sealed.values())
-        effects.add_bytes(motebit_id, staged + 64 * (len(out.node_deletions) + len(side)),
+        checkpoint.add_bytes(motebit_id, staged + 64 * (len(out.node_deletions) + len(side)),
                           self.rt.settings.state_batch_max_bytes)
 
-        def aux_row(batch: effects.Batch | None) -> dict:
+        def aux_row(batch: checkpoint.Batch | None) -> dict:
             rows = batch.staged_rows(self.state, motebit_id) if batch else {}
-            pending = {k.split(NODE_KEY_SEP, 1)[1]: (None if v is effects.DELETE else v) for k, v in rows.items()}
+            pending = {k.split(NODE_KEY_SEP, 1)[1]: (None if v is checkpoint.DELETE else v) for k, v in rows.items()}
             return {**um.aux_record(compact=True), "pending": pending}
 
-        effects.write(self.state, motebit_id, aux_row, first=True)
+        checkpoint.write(self.state, motebit_id, aux_row, first=True)
 
 
 def register(rt: "Runtime") -> None:
@@ -376,7 +386,7 @@ def register(rt: "Runtime") -> None:
 
     async def emit(key: str, um: UserMemory, out: Outcome) -> None:
         """Send an outcome (ledger and its relay view, quarantine, node rows) and stage the
-        user's rows (written once the batch's outputs are acknowledged: streams.effects)."""
+        user's rows (written once the batch's outputs are acknowledged: streams.runtime.checkpoint)."""
         relayed = []
         if out.ledger:  # a table read: only when there is something to relay
             threshold = store.relay_threshold(key)
@@ -415,10 +425,10 @@ def register(rt: "Runtime") -> None:
         rej = validate_request(request, limits)  # ids and sizes that a reply or the memo would carry
         if rej is not None:
             raise Rejected(f"{rej.code}: {rej.detail}", rej.code)
-        state, reply = handle_request(effects.read(store.negotiator, key), request,
+        state, reply = handle_request(checkpoint.read(store.negotiator, key), request,
                                       rt.settings.negotiator_write_enabled, limits)
         await rt.send(catalog.NEGOTIATOR_REPLIES, key, reply)
-        effects.write(store.negotiator, key, state)
+        checkpoint.write(store.negotiator, key, state)
         rt.count(f"negotiator:{request.get('op')}")
         for node_id in nodes_to_forget(um.live_nodes(), forgotten_fingerprints(state)):
             deletion = {"event_id": event_id_for(key, f"{request['request_id']}/{node_id}", "memory_deleted"),
@@ -435,11 +445,11 @@ def register(rt: "Runtime") -> None:
         """memory.erase-requests.v1: one step of a user's erasure (streams/core/erasure.py).
         Outputs first (node nulls, ledger deletions and relay tombstones, the next step or the
         receipt, the analytics tombstone, the relay-policy removal), rows after (the batch
-        protocol of streams/effects.py), so a crash anywhere repeats the same step."""
+        protocol of streams/checkpoint.py), so a crash anywhere repeats the same step."""
         rej = validate_erase_request(request, limits)
         if rej is not None:
             raise Rejected(f"{rej.code}: {rej.detail}", rej.code)
-        step = erase_step(um, request, negotiator_state=effects.read(store.negotiator, key),
+        step = erase_step(um, request, negotiator_state=checkpoint.read(store.negotiator, key),
                           relay_override=store.relay_policy.get(key), policy=erasure, limits=limits)
         if step.duplicate:
             rt.count(f"duplicate:{catalog.ERASE_REQUESTS}")
@@ -448,14 +458,14 @@ def register(rt: "Runtime") -> None:
         rt.count("erase:nodes", len(step.outcome.node_deletions))
         if step.continuation is not None:
             value = rt.codecs.codec(catalog.topic(catalog.ERASE_REQUESTS).value_schema).encode(step.continuation)
-            effects.record_ack(await rt.inputs[catalog.ERASE_REQUESTS].send(key=key.encode(), value=value))
+            checkpoint.record_ack(await rt.inputs[catalog.ERASE_REQUESTS].send(key=key.encode(), value=value))
             return
         if step.negotiator_state is not None:
-            effects.write(store.negotiator, key, step.negotiator_state)
+            checkpoint.write(store.negotiator, key, step.negotiator_state)
         if step.remove_relay_policy:  # through the relay-policy agent, the table's one writer
             removal = {"erase": request["request_id"], "token": str(request.get("requested_by") or ""),
                        "requested_at": int(request["timestamp"]), "worker": rt.worker_name}
-            effects.record_ack(await policy_topic.send(key=key.encode(), value=orjson.dumps(removal)))
+            checkpoint.record_ack(await policy_topic.send(key=key.encode(), value=orjson.dumps(removal)))
         if step.erase_analytics:
             rt.erase_analytics(key)  # staged after this batch's own increments for the user
             await rt.send(catalog.MEMORY_ANALYTICS, key, None)

@@ -23,7 +23,7 @@ table's changelog partition is the source partition). For each event:
   when it differs from the previous one, and the state is written to the table.
 
 Outputs (ledger record, dead letters) are acknowledged by the broker *before* the table write
-(streams/effects.py: the agent runs in batches), so a crash part-way re-processes the event
+(streams/checkpoint.py: the agent runs in batches), so a crash part-way re-processes the event
 rather than finding it already in the table with its outputs missing. Re-processing is
 deterministic (same state, same outputs), so the effect is at-least-once delivery of identical
 records — the compacted ledger topic converges.
@@ -35,15 +35,16 @@ from typing import TYPE_CHECKING
 
 from faust.web import Request, Response
 
-from .. import catalog, deadletter, effects
+from streams.contracts import catalog, deadletter
+from streams.runtime import checkpoint
 from ..analytics import classify_compaction
-from ..app import Rejected
+from streams.runtime.app import Rejected
 from ..core.limits import id_problem
-from ..http import authenticated
+from streams.api.http import authenticated
 from ..sessions import lifecycle
 
 if TYPE_CHECKING:
-    from ..app import Runtime
+    from streams.runtime.app import Runtime
 
 SOURCES = [catalog.SESSION_EVENTS]
 TABLE = "session-ledger"
@@ -60,7 +61,7 @@ def register(rt: "Runtime") -> None:
         if (problem := id_problem(key, limits)) is not None:  # the key is the table key: never stored
             code, what = problem
             raise Rejected(f"{code}: key {what}", code)
-        old = effects.read(table, key)
+        old = checkpoint.read(table, key)
         base = old if old is not None else lifecycle.new_state(key)
         new, violations = lifecycle.step(base, record, limits)
         if new is base and not violations:
@@ -73,7 +74,7 @@ def register(rt: "Runtime") -> None:
         if old is None or new["record"] != old["record"]:
             await rt.send(catalog.SESSION_COMPACTIONS, key, lifecycle.to_record(new))
             rt.feed_analytics(classify_compaction(old, new, record["ts"]))
-        effects.write(table, key, new)
+        checkpoint.write(table, key, new)
 
     rt.stateful_agent(rt.inputs[catalog.SESSION_EVENTS], "session-ledger-agent", handle)
 

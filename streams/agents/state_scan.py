@@ -4,7 +4,7 @@ uses Faust's store internals (faust-streaming 0.15.3, pinned in pyproject.toml).
 Faust's RocksDB store (`faust/stores/rocksdb.py`) keeps one `rocksdict.Rdict` per table
 partition (`Store._dbs[partition]`, opened in raw mode by `Store._db_for_partition`), with each
 row stored under the bytes of the table's key serializer (here `utf8-key`: the key's UTF-8 bytes,
-`streams.faust_codecs`) and its value under the value serializer's bytes (JSON; decoded by
+`streams.runtime.codecs`) and its value under the value serializer's bytes (JSON; decoded by
 `Store._decode_value`). A user's rows are in the partition of the user (the changelog partition
 of the event that wrote them: `Runtime.partition_of(user)`), under the keys `<user>` (the aux
 row) and `<user>/<rest>`; RocksDB sorts keys bytewise, so `<user>/…` is one contiguous range

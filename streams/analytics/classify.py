@@ -54,7 +54,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from .. import catalog
+from streams.contracts import catalog
 from ..core.limits import DEFAULT_LIMITS, is_valid_id
 from ..core.vocabulary import try_normalize_action
 from .windows import GRAPH_COST_NANOS, usd_to_nanos
@@ -242,7 +242,7 @@ def dead_letter_subject(original_key: bytes | str | None, original_topic: str, p
 
 def classify_dead_letter(dead_letter: Mapping[str, Any], event_time_ms: int, *, index: int = 0,
                          partition: int | None = None) -> list[Increment]:
-    """A DeadLetter record (``streams.deadletter.dead_letter``) → ``dead_lettered``.
+    """A DeadLetter record (``streams.contracts.deadletter.dead_letter``) → ``dead_lettered``.
 
     ``event_time_ms``: the source record's Kafka timestamp (stable across replays).
     ``index``: the ordinal of this dead letter among those written for the same source record

@@ -1,6 +1,6 @@
 """File-position bookkeeping for the ``tail -F`` style graph-event shipper (SPEC §4.9). File I/O
 only — no Kafka here; the Kafka side (transactions, the positions topic) lives in
-streams/shipper.py.
+streams/tools/shipper.py.
 
 Pieces
 ------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from streams import catalog, deadletter
+from streams.contracts import catalog, deadletter
 from streams.analytics import (
     HOUR,
     Increment,

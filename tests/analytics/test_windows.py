@@ -291,7 +291,7 @@ def test_zero_and_invalid_counters():
 
 
 def test_record_matches_the_schema_and_encodes():
-    from streams.wire import CodecFactory
+    from streams.contracts.wire import CodecFactory
 
     s = new_state("u1")
     add(s, T0 + 10, {"formed": 2, "accessed": 1, "deleted": 1, "merged": 1, "superseded": 1, "promoted": 1,

@@ -16,7 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from streams import catalog, effects
+from streams.contracts import catalog
+from streams.runtime import checkpoint
 from streams.agents import analytics as analytics_agent
 from streams.analytics import Increment, windows_of
 
@@ -62,7 +63,7 @@ class Event:
 
 
 class FakeRuntime:
-    """Just what `streams.agents.analytics.register` uses of `streams.app.Runtime`."""
+    """Just what `streams.agents.analytics.register` uses of `streams.runtime.app.Runtime`."""
 
     def __init__(self, table) -> None:
         self._table = table
@@ -100,7 +101,7 @@ class FakeRuntime:
         self.sent.append((topic, key, value))
         fut = asyncio.get_running_loop().create_future()
         fut.set_result(None)
-        effects.record_ack(fut)
+        checkpoint.record_ack(fut)
 
     # what Runtime.ticks / Runtime.stateful_agent do around a handler
     async def tick(self, partition: int, offset: int, now_ms: int = NOW + 5_000) -> None:
@@ -108,14 +109,14 @@ class FakeRuntime:
             await self.tick_handler(partition, now_ms)
             return True
 
-        await effects.run_batch([Event(partition, offset)], handle)
+        await checkpoint.run_batch([Event(partition, offset)], handle)
 
     async def batch(self, partition: int, offset: int, increments: list[Increment]) -> None:
         async def handle(_ev) -> bool:
             self.feed_analytics(increments)
             return True
 
-        await effects.run_batch([Event(partition, offset)], handle)
+        await checkpoint.run_batch([Event(partition, offset)], handle)
 
 
 def formed(i: int, subject: str = USER, t: int = NOW + 1_000) -> Increment:
@@ -211,12 +212,12 @@ def test_every_feeder_adds_to_the_row_as_it_is_when_written():
                 rt.feed_analytics([formed(10)])
                 started.set()
                 fut = asyncio.get_running_loop().create_future()
-                effects.record_ack(fut)
+                checkpoint.record_ack(fut)
                 await release.wait()
                 fut.set_result(None)
                 return True
 
-            await effects.run_batch([Event(0, 1)], handle)
+            await checkpoint.run_batch([Event(0, 1)], handle)
 
         first = asyncio.create_task(slow_batch())
         await asyncio.wait_for(started.wait(), 5)

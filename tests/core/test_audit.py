@@ -13,7 +13,7 @@ from streams.core import UserMemory, process_event
 from streams.core.audit import audit_event, audit_turn, covered_by, detect_untagged_patterns
 from streams.core.ids import derive_id
 from streams.core.redaction import relay_view
-from streams.generate import TURNS
+from streams.tools.generate import TURNS
 
 FORMAT = re.compile(r'^(preference|personal_fact|goal|correction): "([^"]*)"$')
 SCHEMA = parse_schema(json.loads((Path(__file__).resolve().parents[2] / "schemas" / "memory_event.avsc").read_text()))

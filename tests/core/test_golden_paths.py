@@ -14,7 +14,7 @@ LSH is probabilistic: an exact scan can find a node that LSH misses, so the old 
 ``exact_scan_below=0`` can differ from the new one with 32 when a user is small; that is why
 the oracle for an exact-scan size is the old path with the same size.
 
-Input: the bench's streams with fixed seeds — `streams.generate` (the e2e bench's mixed
+Input: the bench's streams with fixed seeds — `streams.tools.generate` (the e2e bench's mixed
 stream: candidates and device events of many users, interleaved as the bench sends them) and
 the consolidation bench's candidate mix (re-statements, one-word edits, new memories) for
 users that grow past the exact-scan size, with and without embeddings. Compared: every
@@ -33,7 +33,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.bench_consolidation import memory_text, near, one_word_edit, unit, vocabulary
-from streams import catalog, generate
+from streams.contracts import catalog
+from streams.tools import generate
 from streams.core import DeterministicDecider, IndexConfig, UserMemory, ids, process_candidate, process_event
 from streams.core.redaction import relay_events
 from streams.core.similarity import MinHasher, SimilarityIndex, shared_minhasher, text_shingles

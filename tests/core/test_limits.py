@@ -180,7 +180,8 @@ def test_invalid_ids(bad):
 def test_every_sample_record_is_within_the_default_limits():
     """The sample stream (`memstream generate`) and its ids still validate: no sample record is
     rejected for a limit or an id (its deliberately bad records fail for their own reasons)."""
-    from streams import catalog, generate
+    from streams.contracts import catalog
+    from streams.tools import generate
 
     items = [i for i in generate.generate(seed=7, users=12) if isinstance(i.value, dict)]
     assert len(items) > 100

@@ -25,7 +25,7 @@ from streams.core.negotiator import (
     views,
 )
 from streams.core.nodes import content_fingerprint
-from streams.generate import NEGOTIATOR
+from streams.tools.generate import NEGOTIATOR
 
 from .factories import candidate
 

@@ -68,7 +68,7 @@ def test_write_run_files_names_files_by_graph_hash(tmp_path):
 def test_samples_and_state_survive_the_avro_wire_format():
     import pytest
 
-    wire = pytest.importorskip("streams.wire")
+    wire = pytest.importorskip("streams.contracts.wire")
     factory = wire.CodecFactory()
     events, states = factory.codec("graph_event"), factory.codec("graph_state")
     for run in samples.generate_graph_runs(5, count=4):

@@ -95,7 +95,7 @@ def test_unknown_scenario():
 def test_samples_survive_the_avro_wire_format():
     """Every sample event is representable in schemas/session_event.avsc, and the checker gives the
     same verdict on the decoded events (what the Faust agent will see)."""
-    wire = pytest.importorskip("streams.wire")
+    wire = pytest.importorskip("streams.contracts.wire")
     codec = wire.CodecFactory().codec("session_event")
     ledger = wire.CodecFactory().codec("compaction_ledger")
     for s in samples.generate_sessions(11, count=6, every_scenario=True):

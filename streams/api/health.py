@@ -1,0 +1,319 @@
+"""The operator's view of one worker: `GET /metrics` (Prometheus) and `GET /health`.
+
+Both are served by every worker on its web port WITHOUT authentication, so that Prometheus and a
+load balancer / orchestrator can call them: they expose counts, offsets and table sizes, never
+record content, keys or user ids (the `/v1/...` API keeps its bearer tokens).
+
+`/metrics` (Prometheus text format 0.0.4) renders, besides the `Runtime.metrics` counters and
+latency histogram (see streams/runtime/metrics.py), what Faust knows at scrape time:
+
+- `memstream_consumer_committed_offset`, `memstream_consumer_highwater`, `memstream_consumer_lag`
+  {topic, partition}: for each stream-source partition this worker owns (its active assignment
+  less table changelogs and Faust's leader topic: the catalog inputs and internal tick topics) the offset Faust last committed for the group, the partition's high watermark (from
+  the last fetch response, else asked from the broker) and their difference. Before the group has
+  committed anything on a partition the log start offset stands in for the committed offset.
+- `memstream_table_keys{table}`: keys of each table in this worker's active partitions (RocksDB
+  counts by iterating its keys, so when that takes over 50 ms the figure is cached for
+  `TABLE_SIZE_TTL_S`; the `memory://` store also counts the keys of its standby partitions).
+- `memstream_recovery_in_progress`, `memstream_recovery_active_remaining_offsets`,
+  `memstream_recovery_standby_remaining_offsets`, `memstream_ready`, `memstream_rebalancing`,
+  `memstream_assigned_partitions{kind=active|standby}`.
+
+`/health` (also `/health/ready`: readiness) answers 200 `{"status": "ready", ...}` once the worker
+is running, its first table recovery has completed and it is neither recovering nor rebalancing;
+otherwise 503 `{"status": "starting"|"recovering"|"rebalancing"|"stopping"|"blocked", "reason": ...}`.
+`problems` lists what is wrong (streams/runtime/probe.py REASONS), each with a detail and whether it
+blocks: `registry_mismatch`, `broker_unreachable`, `recovery_stuck`, `agent_stalled` (and
+`disk_full`, though the worker exits on it) make a ready worker `blocked` (503);
+`registry_unreachable` alone leaves it ready (known schemas need no registry) and is named in the
+reason. `memstream_health_problem{reason}` carries the same. `/health/live` answers 200 while the
+process and its event loop answer (liveness).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+from faust.types import TP
+from faust.web import Request, Response, View
+
+from streams.api.http import SCOPE_OPS, authenticated
+from streams.runtime.metrics import CONTENT_TYPE, Family, metric_name
+
+if TYPE_CHECKING:
+    from streams.runtime.app import Runtime
+
+log = logging.getLogger("memstream.ops")
+
+SOURCES: list[str] = []  # reads no topic
+TABLE_SIZE_TTL_S = 15.0
+BROKER_TIMEOUT_S = 5.0
+
+
+@dataclass
+class PartitionLag:
+    topic: str
+    partition: int
+    committed: int | None
+    highwater: int | None
+
+    @property
+    def lag(self) -> int | None:
+        if self.committed is None or self.highwater is None:
+            return None
+        return max(self.highwater - self.committed, 0)
+
+
+@dataclass
+class Health:
+    status: str  # ready | starting | recovering | rebalancing | stopping
+    reason: str
+    worker: str
+    url: str
+    recovery_in_progress: bool
+    recovery_completed: bool
+    active_remaining: int
+    standby_remaining: int
+    rebalancing: bool
+    sources: list[str] = field(default_factory=list)  # owned stream-source partitions, `topic[p]`
+    active_partitions: int = 0  # every active partition (sources, changelogs, internal topics)
+    standby_partitions: int = 0  # standby changelog partitions (table replicas)
+    #: what is wrong, each {"reason": one of streams.runtime.probe.REASONS, "detail": ..., "blocking": bool}
+    problems: list[dict] = field(default_factory=list)
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready"
+
+
+#: problems that stop a worker from doing its work (503); the others leave it ready but degraded
+BLOCKING = frozenset({"registry_mismatch", "broker_unreachable", "disk_full", "recovery_stuck", "agent_stalled"})
+
+
+def problem(reason: str, detail: str) -> dict:
+    return {"reason": reason, "detail": detail, "blocking": reason in BLOCKING}
+
+
+def judge(status: str, reason: str, problems: list[dict]) -> tuple[str, str]:
+    """The /health status and reason, given the lifecycle state and what is wrong: a blocking
+    problem turns a ready worker `blocked` and names itself; any problem is named in the reason."""
+    blocking = [p for p in problems if p["blocking"]]
+    if status == "ready" and blocking:
+        status = "blocked"
+    if problems:
+        reason = "; ".join(f"{p['reason']}: {p['detail']}" for p in (blocking or problems)) + (
+            f" ({reason})" if status != "blocked" else "")
+    return status, reason
+
+
+def _problems(rt: "Runtime", in_recovery: bool, remaining: int) -> list[dict]:
+    out: list[dict] = []
+    probe = getattr(rt, "probe", None)
+    if probe is not None:
+        if probe.mismatched:
+            out.append(problem("registry_mismatch", "; ".join(map(str, probe.mismatched[:3])) +
+                               " - not consuming until the registry maps them as before"))
+        if probe.registry_error:
+            out.append(problem("registry_unreachable", probe.registry_error))
+        if probe.broker_error:
+            out.append(problem("broker_unreachable", probe.broker_error))
+    now = time.monotonic()
+    for topic, (since, why) in sorted(getattr(rt, "stalls", {}).items()):
+        out.append(problem("agent_stalled", f"{why}, for {now - since:.0f} s"))
+    stall_s = getattr(getattr(rt, "settings", None), "recovery_stall_s", 120.0)
+    last = getattr(rt, "recovery_progress", None)
+    if not in_recovery:
+        rt.recovery_progress = None
+    elif last is None or last[0] != remaining:
+        rt.recovery_progress = (remaining, now)
+    elif now - last[1] >= stall_s:
+        out.append(problem("recovery_stuck", f"table recovery made no progress for {now - last[1]:.0f} s "
+                                             f"({remaining} offsets left)"))
+    return out
+
+
+def _tp_names(tps) -> list[str]:
+    return [f"{tp.topic}[{tp.partition}]" for tp in sorted(tps)]
+
+
+LEADER_TOPIC_SUFFIX = "-__assignor-__leader"  # Faust's leader-election topic: never carries records
+
+
+def _sources(app, tps) -> list[TP]:
+    """The partitions of `tps` that are stream sources (no table changelogs, no leader topic)."""
+    changelogs = set(app.tables.changelog_topics)
+    return sorted(tp for tp in tps if tp.topic not in changelogs and not tp.topic.endswith(LEADER_TOPIC_SUFFIX))
+
+
+def health(rt: "Runtime") -> Health:
+    app = rt.app
+    recovery = app.tables.recovery
+    completed = recovery.completed.is_set()
+    in_recovery = bool(recovery.in_recovery)
+    active_remaining = int(recovery.active_remaining_total())
+    standby_remaining = int(recovery.standby_remaining_total())
+    rebalancing = bool(getattr(app, "rebalancing", False))
+    actives, standbys = app.assignor.assigned_actives(), app.assignor.assigned_standbys()
+    sources = _sources(app, actives)
+    if app.should_stop:
+        status, reason = "stopping", "the worker is shutting down"
+    elif not app.started:
+        status, reason = "starting", "the worker is starting"
+    elif in_recovery:
+        status, reason = "recovering", f"recovering: {active_remaining} offsets left"
+    elif rebalancing:
+        status, reason = "rebalancing", "rebalancing: partitions are moving between workers"
+    elif not completed:
+        status, reason = "starting", "waiting for the first partition assignment and table recovery"
+    else:
+        status, reason = "ready", (f"{len(sources)} source partitions, {len(actives) - len(sources)} active and "
+                                   f"{len(standbys)} standby table/internal partitions; tables recovered")
+    problems = _problems(rt, in_recovery, active_remaining)
+    status, reason = judge(status, reason, problems)
+    return Health(status=status, reason=reason, worker=rt.worker_name, url=str(app.conf.canonical_url),
+                  recovery_in_progress=in_recovery, recovery_completed=completed,
+                  active_remaining=active_remaining, standby_remaining=standby_remaining,
+                  rebalancing=rebalancing, sources=_tp_names(sources), active_partitions=len(actives),
+                  standby_partitions=len(standbys), problems=problems)
+
+
+async def consumer_lag(rt: "Runtime") -> list[PartitionLag]:
+    """Committed offset and high watermark of every input partition this worker owns."""
+    app = rt.app
+    tps = _sources(app, app.assignor.assigned_actives())
+    if not tps:
+        return []
+    consumer = app.consumer
+    committed_map = getattr(consumer, "_committed_offset", {})
+    out: dict[TP, PartitionLag] = {}
+    for tp in tps:
+        committed = committed_map.get(tp)  # .get: it is a defaultdict, [] would insert None
+        try:
+            highwater = consumer.highwater(tp)
+        except Exception:  # noqa: BLE001 - not assigned in aiokafka (yet): ask the broker below
+            highwater = None
+        out[tp] = PartitionLag(tp.topic, tp.partition, committed, highwater)
+    missing_hw = [tp for tp, p in out.items() if p.highwater is None]
+    missing_committed = [tp for tp, p in out.items() if p.committed is None]
+    try:
+        if missing_hw:
+            for tp, hw in (await asyncio.wait_for(consumer.highwaters(*missing_hw), BROKER_TIMEOUT_S)).items():
+                out[TP(tp.topic, tp.partition)].highwater = hw
+        if missing_committed:
+            # nothing committed yet (Faust also maps a committed 0 to None): the log start offset
+            earliest = await asyncio.wait_for(consumer.earliest_offsets(*missing_committed), BROKER_TIMEOUT_S)
+            for tp, off in earliest.items():
+                out[TP(tp.topic, tp.partition)].committed = off
+    except Exception as exc:  # noqa: BLE001 - a scrape must answer even when the broker is slow
+        log.warning("consumer lag: broker offsets unavailable (%s)", exc)
+    return [out[tp] for tp in tps]
+
+
+class _TableSizes:
+    """`len()` of every table; cached for TABLE_SIZE_TTL_S when counting was slow (RocksDB
+    iterates its keys), recomputed on every scrape when it was cheap (memory://)."""
+
+    def __init__(self) -> None:
+        self.at = 0.0
+        self.cost = 0.0
+        self.sizes: dict[str, int] = {}
+
+    def get(self, rt: "Runtime") -> dict[str, int]:
+        now = time.monotonic()
+        if self.cost < 0.05 or now - self.at >= TABLE_SIZE_TTL_S or set(self.sizes) != set(rt.tables):
+            sizes = {}
+            for name, table in rt.tables.items():
+                try:
+                    sizes[name] = len(table)
+                except Exception as exc:  # noqa: BLE001 - e.g. a store not open during a rebalance
+                    log.debug("table %s size unavailable: %s", name, exc)
+            self.sizes, self.at = sizes, now
+            self.cost = time.monotonic() - now
+        return self.sizes
+
+
+def worker_families(h: Health, lags: list[PartitionLag], table_sizes: dict[str, int]) -> list[Family]:
+    committed = Family(metric_name("consumer_committed_offset"), "gauge",
+                       "Offset the consumer group last committed, by owned input partition.")
+    highwater = Family(metric_name("consumer_highwater"), "gauge",
+                       "High watermark (next offset to be written), by owned input partition.")
+    lag = Family(metric_name("consumer_lag"), "gauge",
+                 "Records not yet committed (high watermark - committed offset), by owned input partition.")
+    for p in lags:
+        labels = {"topic": p.topic, "partition": p.partition}
+        if p.committed is not None:
+            committed.add(labels, p.committed)
+        if p.highwater is not None:
+            highwater.add(labels, p.highwater)
+        if p.lag is not None:
+            lag.add(labels, p.lag)
+    tables = Family(metric_name("table_keys"), "gauge", "Keys in each table's locally held partitions.")
+    for name in sorted(table_sizes):
+        tables.add({"table": name}, table_sizes[name])
+    return [
+        committed, highwater, lag, tables,
+        Family(metric_name("recovery_in_progress"), "gauge",
+               "1 while the worker restores table partitions from their changelogs.").add({}, h.recovery_in_progress),
+        Family(metric_name("recovery_active_remaining_offsets"), "gauge",
+               "Changelog offsets left to restore for active table partitions.").add({}, h.active_remaining),
+        Family(metric_name("recovery_standby_remaining_offsets"), "gauge",
+               "Changelog offsets standby table partitions are behind.").add({}, h.standby_remaining),
+        Family(metric_name("rebalancing"), "gauge", "1 while the consumer group is rebalancing.").add({}, h.rebalancing),
+        Family(metric_name("ready"), "gauge", "1 when /health answers ready.").add({}, h.ready),
+        _problem_gauge(h),
+        Family(metric_name("assigned_partitions"), "gauge", "Partitions assigned to this worker (all topics, "
+               "changelogs included), by kind.").add({"kind": "active"}, h.active_partitions).add(
+                   {"kind": "standby"}, h.standby_partitions),
+    ]
+
+
+def _problem_gauge(h: Health) -> Family:
+    from streams.runtime.probe import REASONS
+
+    fam = Family(metric_name("health_problem"), "gauge", "1 while /health names this problem (reason), else 0.")
+    named = {p["reason"] for p in h.problems}
+    for reason in REASONS:
+        fam.add({"reason": reason}, reason in named)
+    return fam
+
+
+def register(rt: "Runtime") -> None:
+    app = rt.app
+    sizes = _TableSizes()
+
+    @app.page("/metrics")
+    class MetricsView(View):  # no auth: Prometheus scrapes it (counts only, no content)
+        async def get(self, request: Request) -> Response:
+            h = health(rt)
+            lags = await consumer_lag(rt) if h.status != "stopping" else []
+            text = rt.metrics.render(worker_families(h, lags, sizes.get(rt)))
+            return self.bytes(text.encode(), headers={"Content-Type": CONTENT_TYPE})
+
+    @app.page("/v1/cluster/assignment")
+    class AssignmentView(rt.View):  # the `ops` scope: worker URLs are topology, not for tenants
+        @authenticated(scope=SCOPE_OPS)
+        async def get(self, request: Request, allowed: str) -> Response:
+            """{worker url: {changelog topic: [active partitions]}}: which worker owns which key
+            (the partition of a key is murmur2 of its UTF-8 bytes modulo the partition count)."""
+            dist = rt.app.router.tables_metadata()
+            return self.reply({str(url): {t: sorted(p) for t, p in topics.items()} for url, topics in dist.items()})
+
+    @app.page("/health")
+    class HealthView(View):  # no auth: for load balancers, orchestrators and `memstream status`
+        async def get(self, request: Request) -> Response:  # readiness (kept at /health for compatibility)
+            h = health(rt)
+            body = {**asdict(h), "ready": h.ready}
+            return self.json(body, status=200 if h.ready else 503)
+
+    @app.page("/health/ready")
+    class ReadyView(HealthView):  # the same answer under its explicit name
+        pass
+
+    @app.page("/health/live")
+    class LiveView(View):  # liveness: the process and its event loop answer (restart it when they do not)
+        async def get(self, request: Request) -> Response:
+            return self.json({"status": "alive", "worker": rt.worker_name})

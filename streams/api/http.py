@@ -1,0 +1,470 @@
+"""HTTP API plumbing shared by every view: bearer-token auth, sensitivity masking, JSON replies,
+and forwarding a request to the worker that owns its key.
+
+Tokens come from MEMSTREAM_API_TOKENS (`parse_tokens`): each token reads content up to a
+sensitivity level (anything above it, and every value derived from it, is "[REDACTED]" or
+null: `mask_node`), carries write scopes (`admin`: relay thresholds, `negotiator`: remember /
+forget, `ops`: the cluster assignment) and may be bound to users. A request without a valid
+token gets 401; one whose token lacks the scope or may not act for the route's user gets 403
+(`authenticated`, `permit`). Views subclass `ApiView`.
+
+Routing (one path for every view, `ApiView.route`): the partition of a key is murmur2 of its
+changelog key bytes modulo the table's partition count — computed here, not asked of the Kafka
+client (Faust's own router asks the producer for the changelog topic's metadata, which it only has
+once this worker has written to that topic: on a fresh stack that was a `TypeError` and a 500) —
+and the owner of that partition is read from the partition assignor's table of changelog
+partition → worker URL, which every member receives with its assignment. `PartitionRouter`
+replaces Faust's router with this, so `app.router.key_store` uses it too (Faust's `/router/`
+views are not served: streams/runtime/app.py). When no owner is known (before the first assignment, during a rebalance) or the owner cannot
+be reached, the answer is 503 with `Retry-After: RETRY_AFTER_S`; a forwarded request that
+arrives at a worker which does not own the key either (ownership moved in between) is not
+forwarded again: 503 + Retry-After. An unexpected exception in a view is logged and answered
+with an empty 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import re
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any, Awaitable, Callable, Mapping
+
+import aiohttp
+import orjson
+from aiokafka.partitioner import murmur2
+from faust.app.router import Router
+from faust.web import Request, Response, View
+from yarl import URL
+
+from streams.core.ingest import REDACTED_CONTENT
+from streams.core.vocabulary import SENSITIVITY_LEVELS, sensitivity_rank
+
+log = logging.getLogger("memstream.http")
+
+RETRY_AFTER_S = 1  #: seconds a 503 asks the client to wait (`Retry-After`)
+FORWARD_TIMEOUT_S = 40.0  #: a forwarded request's limit (the negotiator view waits up to 30 s)
+FORWARDED_HEADER = "X-Memstream-Forwarded"  #: set on a forwarded request: never forwarded twice
+_HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
+
+
+class OwnerUnknown(KeyError):
+    """No worker is known to own the key's partition (no assignment yet, or rebalancing)."""
+
+
+def key_partition(key: bytes, partitions: int) -> int:
+    """The partition of a key: murmur2 as the Java client (and aiokafka's default partitioner)."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def owner_url(distribution: Mapping[Any, Mapping[str, Any]], topic: str, partition: int) -> str | None:
+    """The worker URL that actively owns `topic`'s `partition` in the assignor's distribution
+    ({url: {topic: [partitions]}}), or None."""
+    for url, topics in distribution.items():
+        if partition in (topics.get(topic) or ()):
+            return str(url)
+    return None
+
+
+class PartitionRouter(Router):
+    """Faust's router without the Kafka client's topic metadata (see the module docstring)."""
+
+    def key_store(self, table_name: str, key: Any) -> URL:
+        table = self._get_table(table_name)
+        topic = self._get_table_topic(table)
+        partitions = table.changelog_topic.partitions or self.app.conf.topic_partitions
+        partition = key_partition(self._get_serialized_key(table, key), partitions)
+        url = owner_url(self._assignor.tables_metadata(), topic, partition)
+        if url is None:
+            raise OwnerUnknown(f"no worker owns partition {partition} of {topic} yet")
+        return URL(url)
+
+
+
+class AuthError(Exception):
+    """No or unknown bearer token."""
+
+
+class BadRequest(Exception):
+    """The request's body or parameters are wrong (400)."""
+
+
+class BodyTimeout(Exception):
+    """The request body did not arrive within the read timeout (408)."""
+
+
+#: Write scopes a token may carry (reading is governed by its sensitivity level alone).
+SCOPE_ADMIN = "admin"  #: change a user's relay threshold (releases content to sync peers)
+SCOPE_NEGOTIATOR = "negotiator"  #: negotiator remember / forget
+SCOPE_OPS = "ops"  #: read the cluster's partition assignment (worker URLs)
+SCOPES: tuple[str, ...] = (SCOPE_ADMIN, SCOPE_NEGOTIATOR, SCOPE_OPS)
+
+
+class Forbidden(Exception):
+    """A valid token that may not do this (missing scope, another tenant's user): 403."""
+
+
+@dataclass(frozen=True)
+class Token:
+    """What one bearer token may do. `name` identifies it in logs and the security audit (never
+    the secret); `users` None = every user, else patterns: an exact user id or a prefix ending
+    in `*`."""
+
+    name: str
+    level: str
+    scopes: frozenset[str] = frozenset()
+    users: tuple[str, ...] | None = None
+
+    @property
+    def bound(self) -> bool:
+        return self.users is not None
+
+    def may_access(self, user_id: str) -> bool:
+        if self.users is None:
+            return True
+        return any(user_id.startswith(p[:-1]) if p.endswith("*") else user_id == p for p in self.users)
+
+
+def _settings_error(message: str) -> Exception:
+    from streams.settings import SettingsError
+
+    return SettingsError(message)
+
+
+def _token(secret: str, level: Any, scopes: Any, users: Any, name: Any, where: str) -> tuple[str, Token]:
+    if not isinstance(secret, str) or not secret or any(c.isspace() for c in secret):
+        raise _settings_error(f"MEMSTREAM_API_TOKENS {where}: the token must be a non-empty string without spaces")
+    if level not in SENSITIVITY_LEVELS:
+        raise _settings_error(f"MEMSTREAM_API_TOKENS {where}: level {level!r} is not one of {', '.join(SENSITIVITY_LEVELS)}")
+    scopes = frozenset(scopes or ())
+    if unknown := scopes - set(SCOPES):
+        raise _settings_error(f"MEMSTREAM_API_TOKENS {where}: unknown scope(s) {', '.join(sorted(unknown))} "
+                              f"(scopes: {', '.join(SCOPES)})")
+    if users is not None:
+        users = tuple(users)
+        if not users or not all(isinstance(u, str) and (u == "*" or (u.rstrip("*") and "*" not in u[:-1])) for u in users):
+            raise _settings_error(f"MEMSTREAM_API_TOKENS {where}: users must be user ids or prefixes ending in * "
+                                  "(`users=*` or no users field = every user)")
+        if "*" in users:
+            users = None
+    if name is not None and (not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._@-]{1,64}", name)):
+        raise _settings_error(f"MEMSTREAM_API_TOKENS {where}: name must be 1-64 of [A-Za-z0-9._@-]")
+    return secret, Token(name=name or where.replace(" ", ""), level=level, scopes=scopes, users=users)
+
+
+def parse_tokens(spec: str) -> dict[str, Token]:
+    """MEMSTREAM_API_TOKENS → {secret: Token}; a bad entry is a settings error.
+
+    Compact form, entries separated by `,`::
+
+        secret:level[:scope+scope][:name=<name>][:users=<id>|<prefix>*|...]
+
+    (`users=` last: user ids may contain `:`). The earlier `secret:level` keeps working and means
+    what it meant for reading: no write scope, every user. JSON form (for secrets with `,` or
+    `:`): a list of `{"token", "level", "scopes"?, "users"?, "name"?}`. A token without a name
+    is called `token#<n>` (its position) in logs and audit records."""
+    spec = spec.strip()
+    tokens: dict[str, Token] = {}
+    if spec.startswith("["):
+        try:
+            entries = orjson.loads(spec)
+        except orjson.JSONDecodeError as exc:
+            raise _settings_error(f"MEMSTREAM_API_TOKENS is not valid JSON: {exc}") from None
+        for i, e in enumerate(entries, 1):
+            if not isinstance(e, dict) or set(e) - {"token", "level", "scopes", "users", "name"}:
+                raise _settings_error(f"MEMSTREAM_API_TOKENS token#{i}: an object with token, level, "
+                                      "scopes?, users?, name?")
+            secret, tok = _token(e.get("token"), e.get("level"), e.get("scopes"), e.get("users"), e.get("name"),
+                                 f"token#{i}")
+            tokens[secret] = tok
+        return _unique_names(tokens)
+    for i, entry in enumerate(filter(None, (e.strip() for e in spec.split(","))), 1):
+        users = None
+        if ":users=" in entry:
+            entry, _, users_spec = entry.partition(":users=")
+            users = users_spec.split("|")
+        fields_ = entry.split(":")
+        scopes: set[str] = set()
+        name = None
+        while len(fields_) > 2:
+            last = fields_[-1]
+            if last.startswith("name="):
+                name = last[len("name="):]
+            elif last and all(p in SCOPES for p in last.split("+")):
+                scopes |= set(last.split("+"))
+            else:
+                break
+            fields_.pop()
+        if len(fields_) < 2:
+            raise _settings_error(f"MEMSTREAM_API_TOKENS entry token#{i} must be "
+                                  "token:level[:scope+scope][:name=n][:users=a|prefix*]")
+        secret, tok = _token(":".join(fields_[:-1]), fields_[-1], scopes, users, name, f"token#{i}")
+        tokens[secret] = tok
+    return _unique_names(tokens)
+
+
+def _unique_names(tokens: dict[str, Token]) -> dict[str, Token]:
+    names = [t.name for t in tokens.values()]
+    if dup := sorted({n for n in names if names.count(n) > 1}):
+        raise _settings_error(f"MEMSTREAM_API_TOKENS: token names must be unique ({', '.join(dup)})")
+    return tokens
+
+
+def authorize(headers: Mapping[str, str], tokens: Mapping[str, Token]) -> Token:
+    """The token the request's bearer token is; raises AuthError."""
+    auth = headers.get("Authorization", "")
+    scheme, _, secret = auth.partition(" ")
+    if scheme.lower() != "bearer" or not secret:
+        raise AuthError("missing bearer token: send `Authorization: Bearer <token>` (tokens: MEMSTREAM_API_TOKENS)")
+    token = tokens.get(secret.strip())
+    if token is None:
+        raise AuthError("unknown bearer token")
+    return token
+
+
+def permit(token: Token, *, scope: str | None, user: str | None) -> None:
+    """Raise Forbidden unless `token` carries `scope` (when one is needed) and may act for `user`
+    (a route keyed by a user); a route with no user (sessions, graphs, fleet-wide views) needs a
+    token bound to no users: its answer is not one tenant's."""
+    if scope is not None and scope not in token.scopes:
+        raise Forbidden(f"this token lacks the `{scope}` scope")
+    if user is None:
+        if token.bound:
+            raise Forbidden("this token is bound to users; this route is not one user's")
+    elif not token.may_access(user):
+        raise Forbidden("this token may not act for this user")
+
+
+def visible(sensitivity: Any, allowed: str) -> bool:
+    """Whether content of `sensitivity` may be shown to a caller allowed `allowed`; an unknown or
+    missing sensitivity is above every level (fail closed)."""
+    return sensitivity in SENSITIVITY_LEVELS and sensitivity_rank(sensitivity) <= sensitivity_rank(allowed)
+
+
+def mask_node(node: Mapping[str, Any], allowed: str) -> dict[str, Any]:
+    """A node as the caller may see it: content above `allowed` is "[REDACTED]", and so is every
+    value derived from it (the content fingerprint: an unsalted hash of a short fact is guessed
+    offline); the embedding is never returned."""
+    out = dict(node)
+    out.pop("embedding", None)
+    if not visible(node.get("sensitivity"), allowed):
+        out["content"] = REDACTED_CONTENT
+        out["redacted"] = True
+        out["content_fingerprint"] = None
+    return out
+
+
+def parse_ms(query: Mapping[str, str], name: str, default: int | None = None) -> int | None:
+    """A Unix-milliseconds query parameter: an integer in [0, 2^63); else BadRequest (400)."""
+    raw = query.get(name)
+    if raw is None:
+        return default
+    if len(raw) > 20 or not raw.isascii() or not raw.isdigit():
+        raise BadRequest(f"{name} must be Unix milliseconds (0 <= {name} < 2^63)")
+    value = int(raw)
+    if value >= 2**63:
+        raise BadRequest(f"{name} must be Unix milliseconds (0 <= {name} < 2^63)")
+    return value
+
+
+def json_body(data: Any) -> bytes:
+    return orjson.dumps(data)
+
+
+class ApiView(View):
+    """A Faust view answering JSON, with the token table of its worker."""
+
+    tokens: Mapping[str, Token] = {}
+    read_timeout_s: float = 30.0  #: MEMSTREAM_HTTP_READ_TIMEOUT_S (install_server_limits)
+
+    def reply(self, data: Any, status: int = 200) -> Response:
+        return self.bytes(json_body(data), content_type="application/json", status=status)
+
+    def error(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
+        return self.bytes(json_body({"error": message}), content_type="application/json", status=status,
+                          headers=dict(headers) if headers else None)
+
+    def unavailable(self, message: str) -> Response:
+        """503 with `Retry-After`: the answer exists, just not here and now (clients retry)."""
+        return self.error(503, message, {"Retry-After": str(RETRY_AFTER_S)})
+
+    async def dispatch(self, request: Any) -> Any:
+        """Faust's dispatch, with any unexpected exception of a view logged and answered with an
+        empty 500 (aiohttp's default page would name the server's internals)."""
+        try:
+            return await super().dispatch(request)
+        except asyncio.CancelledError:
+            raise
+        except BodyTimeout as exc:
+            return self.error(408, str(exc))
+        except Exception:  # noqa: BLE001 - the one place a view's bug becomes a 500
+            log.exception("%s %s failed", request.method, request.path)
+            return self.bytes(b"", status=500)
+
+    def settling(self) -> Response | None:
+        """503 while this worker's partitions are moving or being recovered: its local state may
+        be incomplete, and the partition may not even be its own any more. Clients retry."""
+        app = self.app
+        if getattr(app, "rebalancing", False) or app.tables.recovery.in_recovery \
+                or not app.tables.recovery.completed.is_set():
+            return self.unavailable("this worker is rebalancing or recovering its partitions; retry shortly")
+        return None
+
+    async def read_body(self, request: Request) -> bytes:
+        """The request body, within the read timeout (BodyTimeout: answer 408)."""
+        try:
+            return await asyncio.wait_for(request.read(), self.read_timeout_s)
+        except asyncio.TimeoutError:
+            raise BodyTimeout(f"the request body did not arrive within {self.read_timeout_s:g} s") from None
+
+    async def json_body(self, request: Request) -> dict:
+        try:
+            data = orjson.loads(await self.read_body(request) or b"{}")
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"body is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise BadRequest("body must be a JSON object")
+        return data
+
+    async def route(self, request: Request, table: Any, key: str,
+                    local: Callable[[], Awaitable[Response]]) -> Response:
+        """Answer locally when this worker owns `key`'s partition of `table` (503 while it is
+        still recovering it), else forward the whole request (method, headers and body — Faust's
+        own table_route drops the body) to the owner and relay its answer. Never a 500 for a
+        missing owner: 503 + Retry-After (see the module docstring)."""
+        try:
+            dest = self.app.router.key_store(table.name, key)
+        except KeyError:
+            return self.unavailable("the owner of this key's partition is not known yet (starting or rebalancing); retry")
+        here = self.app.conf.canonical_url
+        if (dest.host, dest.port) == (here.host, here.port):
+            return self.settling() or await local()
+        if request.headers.get(FORWARDED_HEADER):
+            return self.unavailable("the partition owner is moving (the forwarding worker and this one disagree); retry")
+        url = request.url.with_scheme(dest.scheme or "http").with_host(dest.host).with_port(int(dest.port))
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        headers[FORWARDED_HEADER] = "1"
+        try:
+            async with self.app.http_client.request(
+                    method=request.method, url=url, headers=headers, data=await self.read_body(request),
+                    timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)) as resp:
+                body = await resp.read()
+                relayed = {k: resp.headers[k] for k in ("Retry-After",) if k in resp.headers}
+                return self.bytes(body, content_type=resp.content_type, status=resp.status, headers=relayed or None)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            log.warning("forwarding %s %s to %s failed: %r", request.method, request.path, dest, exc)
+            return self.unavailable(f"the partition owner {dest} did not answer; retry")
+
+    def caller(self, request: Request) -> Token:
+        """The request's token; raises AuthError (answer with `self.error(401, …)`)."""
+        return authorize(request.headers, self.tokens)
+
+
+#: The path parameters that name the user a route acts for (checked against a token's users).
+USER_PARAMS = ("motebit_id", "user_id")
+
+
+def authenticated(fun: Callable[..., Awaitable[Response]] | None = None, *,
+                  scope: str | None = None) -> Any:
+    """View-method decorator: 401 without a valid bearer token; 403 when the token lacks `scope`
+    or may not act for the route's user (`motebit_id` / `user_id` path parameter; a route with
+    neither needs a token bound to no users: `permit`); else the method is called with
+    `allowed=` the sensitivity level the token may read (and `token=` when it takes one). A
+    request is refused where it arrives (before `ApiView.route` forwards it); a forwarded one is
+    checked again. Use as `@authenticated` or `@authenticated(scope=SCOPE_ADMIN)`."""
+
+    def decorate(fun: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+        wants_token = "token" in inspect.signature(fun).parameters
+
+        @wraps(fun)
+        async def checked(self: ApiView, request: Request, *args: Any, **kwargs: Any) -> Response:
+            try:
+                token = self.caller(request)
+            except AuthError as exc:
+                return self.error(401, str(exc))
+            user = next((kwargs[p] for p in USER_PARAMS if p in kwargs), None)
+            try:
+                permit(token, scope=scope, user=user)
+            except Forbidden as exc:
+                log.info("%s %s refused to token %s: %s", request.method, request.path, token.name, exc)
+                return self.error(403, str(exc))
+            if wants_token:
+                kwargs["token"] = token
+            return await fun(self, request, *args, allowed=token.level, **kwargs)
+
+        checked.memstream_auth = {"scope": scope}  # type: ignore[attr-defined]
+        return checked
+
+    return decorate(fun) if fun is not None else decorate
+
+
+def api_view(tokens: Mapping[str, Token]) -> type[ApiView]:
+    """An ApiView base bound to one worker's tokens."""
+    return type("BoundApiView", (ApiView,), {"tokens": dict(tokens)})
+
+
+# --------------------------------------------------------------------------------------------
+# HTTP server limits (Faust's aiohttp driver creates its AppRunner with no limits at all)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    header_timeout_s: float  #: a new connection must send a whole request head within this
+    read_timeout_s: float  #: a request body must arrive within this (else 408)
+    idle_timeout_s: float  #: a connection with no request in flight is closed after this
+    max_connections: int  #: open connections per worker; one more is closed at once
+
+
+def install_server_limits(app: Any, limits: ServerLimits) -> None:
+    """Give the worker's aiohttp server `limits` (before it starts): Faust builds
+    `AppRunner(web_app, access_log=None)`; this replaces it with one whose handlers time out a
+    connection that sends no complete request head (slow or half-open clients), close idle
+    keep-alive connections (aiohttp's `keepalive_timeout`, which also covers a connection that
+    never sends a byte), and refuse connections beyond the cap. The body read timeout is applied
+    where views read bodies (`ApiView.read_body`)."""
+    from aiohttp import web, web_protocol, web_server
+
+    class LimitedHandler(web_protocol.RequestHandler):
+        _refused = False
+        _head_deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            manager = self._manager
+            if manager is not None and len(manager.connections) >= limits.max_connections:
+                self._refused = True
+                log.warning("refusing an HTTP connection: %d open (MEMSTREAM_HTTP_MAX_CONNECTIONS)",
+                            len(manager.connections))
+                transport.close()
+                return
+            super().connection_made(transport)
+            self._head_deadline = self._loop.call_later(limits.header_timeout_s, self._head_timeout)
+
+        def _head_timeout(self) -> None:
+            transport = self.transport
+            if self._request_count == 0 and transport is not None:
+                self.force_close()  # may drop self.transport: close the one we hold
+                transport.close()
+
+        def connection_lost(self, exc: BaseException | None) -> None:
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+            if self._refused:
+                return
+            super().connection_lost(exc)
+
+    class LimitedServer(web_server.Server):
+        def __call__(self) -> web_protocol.RequestHandler:
+            return LimitedHandler(self, loop=self._loop, **self._kwargs)
+
+    class LimitedRunner(web.AppRunner):
+        async def _make_server(self) -> web_server.Server:
+            server = await super()._make_server()
+            server.__class__ = LimitedServer
+            return server
+
+    web_ = app.web
+    web_._runner = LimitedRunner(web_.web_app, access_log=None, keepalive_timeout=limits.idle_timeout_s)
+    ApiView.read_timeout_s = limits.read_timeout_s

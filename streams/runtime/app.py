@@ -1,0 +1,567 @@
+"""The Faust app: topics from the catalog, codecs, tables, agents and web views, wired together.
+
+The shell is thin. Agents (in `streams/agents/`) decode a record, call the pure core, write
+tables and send results; this module gives them one `Runtime` with what they share:
+- input topics are read as raw bytes, so a record that cannot be decoded still has its original
+  bytes for the dead-letter topic (a Faust codec error would be logged and the record lost);
+- output topics write through the registered Avro codecs (`avro-<schema>`) with UTF-8 keys;
+- `dead_letter()` sends a refused record, with its reason, to `pipeline.dlq.v1`;
+- `guard()` runs a handler per event and turns any exception into a dead letter (an exception
+  escaping a Faust agent would ack the message and lose it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
+
+import faust
+from faust.types import TP
+
+from streams.contracts import catalog, deadletter
+from streams.runtime import checkpoint, codecs
+from streams.analytics import classify_dead_letter
+from streams.core.partitioning import misrouted, partition_for
+from streams.api.http import PartitionRouter, ServerLimits, api_view, install_server_limits, parse_tokens
+from streams.runtime.metrics import Metrics
+from streams.runtime.outputs import OutputProducer, OutputsFailed
+from streams.runtime.rebalance import RebalanceSafeConsumer
+from streams.settings import Settings
+from streams.contracts.wire import (
+    CodecFactory,
+    RegistryError,
+    WireFormatError,
+    confluent_schema_id,
+    decode_key,
+    encode_key,
+)
+
+if TYPE_CHECKING:
+    from streams.runtime.probe import WorkerProbe
+
+log = logging.getLogger("memstream")
+
+#: Exit status of a worker stopped because an agent itself failed (not one record).
+EXIT_AGENT_FAILED = 70
+#: Dead letters are logged at info at most once per this many seconds (each one at debug).
+DLQ_LOG_INTERVAL_S = 5.0
+
+Handler = Callable[[faust.types.EventT, str, dict], Awaitable[None]]
+
+
+class Runtime:
+    """What every agent of one worker shares."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.codecs = CodecFactory.from_url(settings.registry_url)
+        self.codecs.register([t.name for t in catalog.topics()])  # once, at startup
+        codecs.install(self.codecs)
+        self.worker_name = f"{socket.gethostname()}:{settings.web_port}"
+        self.draining = False  # set by a stopping worker: no batch starts any more
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.app = _DrainingApp(
+            settings.app_id,
+            broker=f"kafka://{settings.broker}",
+            store=settings.store,
+            datadir=settings.data_dir,
+            web_bind=settings.web_host,
+            web_host=settings.web_host,
+            web_port=settings.web_port,
+            canonical_url=f"http://{_advertised_host(settings)}:{settings.web_port}",
+            topic_partitions=settings.partitions,
+            topic_replication_factor=settings.replication,
+            table_standby_replicas=settings.standby_replicas,
+            processing_guarantee="at_least_once",
+            consumer_auto_offset_reset="earliest",
+            autodiscover=False,
+            web_enabled=True,
+            # Faust's built-in pages serve table rows (content), partition owners, sensor
+            # statistics and the service graph to anyone: none of them is served (see
+            # `_only_documented_pages`; docs/threat-model.md).
+            web_router_enabled=False,
+            web_tables_enabled=False,
+            web_stats_enabled=False,
+            web_graph_enabled=False,
+            web_metrics_enabled=False,
+            key_serializer="raw",
+            value_serializer="raw",
+            producer_acks=-1,
+            producer_linger=settings.producer_linger_ms / 1000,
+            broker_session_timeout=settings.session_timeout_s,
+            broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
+            Router=PartitionRouter,  # key owner from the assignor, not the Kafka client's metadata
+        )
+        _only_documented_pages(self.app)
+        install_server_limits(self.app, ServerLimits(
+            header_timeout_s=settings.http_header_timeout_s, read_timeout_s=settings.http_read_timeout_s,
+            idle_timeout_s=settings.http_idle_timeout_s, max_connections=settings.http_max_connections))
+        self.app.memstream_runtime = self
+        # A batch writes its table rows in one burst; Faust's default (pause the stream at 100
+        # buffered messages and drain them one by one) would throttle every batch.
+        self.app.producer.buffer.max_messages = max(100, settings.batch_max * 20)
+        self.app.transport.Consumer = RebalanceSafeConsumer  # before anything creates app.consumer
+        self.inputs: dict[str, faust.TopicT] = {}
+        self.outputs: dict[str, faust.TopicT] = {}
+        for spec in catalog.topics():
+            if spec.direction == "in":
+                self.inputs[spec.name] = self.app.topic(
+                    spec.name, key_serializer="raw", value_serializer="raw", partitions=spec.partitions(settings))
+            else:
+                self.outputs[spec.name] = self.app.topic(
+                    spec.name,
+                    key_serializer="raw" if spec.name == catalog.DLQ else codecs.KEY_CODEC,
+                    value_serializer=codecs.codec_name(spec.value_schema),
+                    partitions=spec.partitions(settings),
+                )
+        #: output topic -> its value encoder (the bytes Faust's `avro-<schema>` codec writes)
+        self._encoders: dict[str, Callable[[dict], bytes]] = {
+            spec.name: self.codecs.codec(spec.value_schema).encode for spec in catalog.topics()
+            if spec.direction != "in"}
+        #: the agents' outputs (streams/runtime/outputs.py); None: through Faust's producer (the earlier path)
+        self.output_producer: OutputProducer | None = None
+        if settings.output_producer == "librdkafka":
+            self.output_producer = OutputProducer.for_worker(
+                settings.broker, f"{settings.app_id}-outputs", settings.producer_linger_ms,
+                self.app.conf.producer_max_request_size)
+        self.metrics = Metrics()
+        # set by the analytics agent; other agents call it with classified increments
+        self.feed_analytics: Callable[[Any], None] = lambda increments: None
+        # set by the analytics agent: stage the removal of a subject's analytics row (an erasure)
+        self.erase_analytics: Callable[[str], None] = lambda subject: None
+        self._dlq_index: dict[tuple[str, int], tuple[int, int]] = {}
+        self._dlq_logged_at = float("-inf")  # when a dead letter was last logged at info
+        self._dlq_unlogged = 0  # dead letters since, logged at debug only
+        self.tables: dict[str, faust.types.TableT] = {}
+        self._changelogs: dict[str, faust.types.TableT] = {}  # changelog topic -> its table
+        #: (name, partitions, retention ms) of the internal topics: the worker creates them first
+        self.internal_topics: list[tuple[str, int, dict[str, str]]] = []
+        self.View = api_view(parse_tokens(settings.api_tokens))  # base class of every HTTP view
+        #: set by `memstream worker`: watches the registry ids, broker and disk (streams/runtime/probe.py)
+        self.probe: "WorkerProbe | None" = None
+        #: topic -> (since, why) of an agent waiting on one record (reported by /health)
+        self.stalls: dict[str, tuple[float, str]] = {}
+
+    def input_channel(self, *names: str) -> faust.TopicT:
+        """One channel over several co-partitioned input topics (raw bytes, decoded by `guard`)."""
+        if len(names) == 1:
+            return self.inputs[names[0]]
+        return self.app.topic(*names, key_serializer="raw", value_serializer="raw")
+
+    def table(self, name: str) -> faust.types.TableT:
+        """A table keyed by the UTF-8 message key (same bytes as the source key, so its changelog
+        partition, HTTP routing (`ApiView.route`) and the source partition agree), values stored
+        as JSON."""
+        table = self.app.Table(
+            name, default=None, partitions=self.settings.partitions,
+            schema=faust.Schema(key_serializer=codecs.KEY_CODEC, value_serializer="json"),
+        )
+        # Faust builds the changelog topic in the constructor with serializers derived from
+        # key_type (json when unset), ignoring the schema: the router would then
+        # partition the key's JSON-quoted bytes and forward requests to the wrong worker, and
+        # the changelog keys would not be the source key bytes. Rebuild it with UTF-8 keys.
+        table.key_serializer = codecs.KEY_CODEC
+        table.value_serializer = "json"
+        table.changelog_topic = table._new_changelog_topic()
+        send_changelog = table.send_changelog
+        changelog = table.changelog_topic
+        self._changelogs[changelog.get_topic_name()] = table
+
+        def send_changelog_tracked(partition: int | None, key: Any, value: Any, key_serializer: Any = None,
+                                   value_serializer: Any = None) -> Any:
+            batch = checkpoint.current_batch()
+            if self.output_producer is None or batch is None or partition is None:
+                # a FutureMessage: done once the broker has the row
+                fut = send_changelog(partition, key, value, key_serializer, value_serializer)
+                checkpoint.record_state_ack(fut)
+                return fut
+            # a batch's rows go through the output producer too (same bytes as Faust's send)
+            k = changelog.prepare_key(key, key_serializer or table.key_serializer, None, None)[0]
+            v = None if value is None else changelog.prepare_value(
+                value, value_serializer or table.value_serializer, None, None)[0]
+            if batch.state_deliveries is None:
+                batch.state_deliveries = self.output_producer.deliveries(on_done=self._persisted)
+                batch.state_acks.append(batch.state_deliveries)
+            self.output_producer.produce_now(batch.state_deliveries, changelog.get_topic_name(), k, v, partition)
+            return _Sent(partition)
+
+        table.send_changelog = send_changelog_tracked  # the batch waits for it (streams.runtime.checkpoint step 4)
+        # created by the worker before Faust subscribes, as the internal topics are: a changelog
+        # missing from the consumer's metadata snapshot reads as 0 partitions, and Faust's check of
+        # the first write to the table (`PartitionsMismatch`) then stops the worker
+        self.internal_topics.append((changelog.get_topic_name(), self.settings.partitions,
+                                     {"cleanup.policy": "compact"}))
+        self.tables[name] = table
+        return table
+
+    def _persisted(self, offsets: dict[tuple[str, int], int]) -> None:
+        """What Faust does once it has sent a changelog row (`Collection._on_changelog_sent`):
+        remember the offset in the table's local store, so that recovery reads only what follows."""
+        for (topic, partition), offset in offsets.items():
+            self._changelogs[topic].data.set_persisted_offset(TP(topic, partition), offset)
+
+    def internal_topic(self, suffix: str, retention: timedelta | None = None) -> faust.TopicT:
+        """An internal topic `<app_id>-<suffix>` (raw bytes, the catalog's partition count),
+        recorded in `internal_topics` (as the tables' changelogs are) so that the worker creates it before Faust subscribes:
+        a topic Faust creates itself at start-up may not be in the broker's metadata yet when
+        the consumer subscribes, and aiokafka then ignores it until its next metadata refresh
+        (minutes: no ticks, no housekeeping, no analytics publishing until then)."""
+        topic = self.app.topic(f"{self.settings.app_id}-{suffix}", partitions=self.settings.partitions,
+                               internal=True, key_serializer="raw", value_serializer="raw", retention=retention)
+        self.internal_topics.append((topic.get_topic_name(), self.settings.partitions,
+                                     {"retention.ms": str(int(retention.total_seconds() * 1000))} if retention else {}))
+        return topic
+
+    def partition_of(self, key: str) -> int:
+        """The partition of a UTF-8 key in every catalog topic (murmur2, as the Java client)."""
+        return partition_for(key.encode(), self.settings.partitions)
+
+    def ticks(self, name: str, owner_topic: str, handler: Callable[[int, int], Awaitable[None]],
+              cache: checkpoint.DerivedCache | None = None, lock: asyncio.Lock | None = None) -> None:
+        """A partition-local timer whose handler runs inside an event of partition p.
+
+        Faust refuses table writes outside a stream event, and a write's changelog partition is
+        the event's partition. So the timer does not touch tables: every MEMSTREAM_TIMER_INTERVAL_S
+        it sends a tick (wall-clock ms) to partition p of an internal topic for each partition p
+        of `owner_topic` this worker owns; the tick topic has the same partition count and
+        subscribers, so Faust co-partitions it, and `handler(p, now_ms)` runs in that event
+        (with the outputs-first protocol of `streams.runtime.checkpoint`; pass the `cache` and `lock` of
+        the agent that owns the same state).
+        """
+        lock = lock or asyncio.Lock()
+        topic = self.internal_topic(f"{name}-ticks", retention=timedelta(hours=1))
+
+        async def handle(event: faust.types.EventT) -> bool:
+            try:
+                await handler(event.message.partition, int(event.message.value))
+                return True
+            except Exception:  # noqa: BLE001 - a failed sweep must not stop the worker
+                log.exception("%s tick on partition %s failed", name, event.message.partition)
+                return False
+
+        @self.app.agent(topic, name=f"{name}-tick-agent")
+        async def on_tick(stream):
+            async for event in stream.events():
+                if self.draining:
+                    await self.hold_back([event])
+                with self.never_ack_unless_applied(f"{name}-tick-agent", [event]):
+                    await self.consistent_ids()  # a sweep writes records framed with registry ids too
+                    with self.in_flight():
+                        async with lock:  # the sweep's outputs first, then its table writes
+                            await checkpoint.run_batch([event], handle, cache)
+
+        @self.app.timer(self.settings.timer_interval_s, name=f"{name}-timer")
+        async def send_ticks():
+            now = str(int(time.time() * 1000)).encode()
+            for tp in self.app.assignor.assigned_actives():
+                if tp.topic == owner_topic:
+                    await topic.send(value=now, partition=tp.partition)
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.metrics.inc(name, n)
+
+    def decoder(self, topic_name: str) -> Callable[..., dict]:
+        """`decode(value, headers)` of a topic: any framing `wire` reads (Apicurio's headers too)."""
+        return self.codecs.codec(catalog.topic(topic_name).value_schema).decode_message
+
+    async def send(self, topic_name: str, key: str, value: dict | None,
+                   headers: list[tuple[str, bytes]] | None = None) -> None:
+        """Send a record to an output topic (`value` None: a tombstone). Inside a batch the
+        batch awaits its acknowledgement before its table writes (streams.runtime.checkpoint); outside one
+        this returns once the broker has it."""
+        if self.output_producer is None:
+            if value is None:  # a tombstone: no codec (Avro has no "null record")
+                ack = await self.outputs[topic_name].send(key=key, value=None, headers=headers, value_serializer="raw")
+            else:
+                ack = await self.outputs[topic_name].send(key=key, value=value, headers=headers)
+            checkpoint.record_ack(ack)
+        else:
+            encode = self._encoders[topic_name]
+            await self._produce(topic_name, encode_key(key), None if value is None else encode(value), headers)
+        self.metrics.inc_label("out", topic_name)
+
+    async def _produce(self, topic_name: str, key: bytes | None, value: bytes | None,
+                       headers: list[tuple[str, bytes]] | None) -> None:
+        """One encoded record through the output producer, acknowledged with the current batch."""
+        batch = checkpoint.current_batch()
+        if batch is None:
+            await self.output_producer.send_and_wait(topic_name, key, value, headers)
+            return
+        if batch.deliveries is None:
+            batch.deliveries = self.output_producer.deliveries()
+            batch.acks.append(batch.deliveries)
+        await self.output_producer.produce(batch.deliveries, topic_name, key, value, headers)
+
+    async def dead_letter(self, event: faust.types.EventT, stage: str, reason: str, error_class: str,
+                          keep_value: bool = True) -> None:
+        """Send the event's record to the DLQ. `keep_value=False` drops the original value bytes
+        (a record that re-submits deleted content must not be copied anywhere)."""
+        msg = event.message
+        origin = deadletter.Origin(msg.topic, msg.partition, msg.offset, msg.key, msg.value if keep_value else None)
+        record = deadletter.dead_letter(origin, stage=stage, reason=reason, error_class=error_class,
+                                        failed_at=int(time.time() * 1000), worker=self.worker_name,
+                                        max_copy_bytes=self.settings.dlq_max_copy_bytes,
+                                        max_reason_chars=self.settings.dlq_max_reason_chars)
+        if self.output_producer is None:
+            ack = await self.outputs[catalog.DLQ].send(key=record["original_key"], value=record,
+                                                       headers=deadletter.connect_headers(record))
+            checkpoint.record_ack(ack)
+        else:
+            await self._produce(catalog.DLQ, record["original_key"], self._encoders[catalog.DLQ](record),
+                                deadletter.connect_headers(record))
+        last_offset, index = self._dlq_index.get((msg.topic, msg.partition), (-1, -1))
+        index = index + 1 if last_offset == msg.offset else 0  # the n-th dead letter of this record
+        self._dlq_index[(msg.topic, msg.partition)] = (msg.offset, index)
+        self.feed_analytics(classify_dead_letter(record, int(msg.timestamp * 1000), index=index,
+                                                 partition=msg.partition))
+        self.metrics.inc_label("dlq", f"{stage}/{error_class}")
+        # one line per DLQ_LOG_INTERVAL_S at info (a burst of bad records would otherwise cost
+        # more in logging than in processing); every one at debug; all of them are counted
+        # (`memstream_dlq_total`) and on the dead-letter topic with their reasons
+        now = time.monotonic()
+        if now - self._dlq_logged_at >= DLQ_LOG_INTERVAL_S:
+            more = f" (and {self._dlq_unlogged} more since the last such line)" if self._dlq_unlogged else ""
+            log.info("dead-lettered %s[%s]@%s at %s: %s%s", msg.topic, msg.partition, msg.offset, stage, reason, more)
+            self._dlq_logged_at, self._dlq_unlogged = now, 0
+        else:
+            self._dlq_unlogged += 1
+            log.debug("dead-lettered %s[%s]@%s at %s: %s", msg.topic, msg.partition, msg.offset, stage, reason)
+
+    async def guard(self, event: faust.types.EventT, handler: Handler) -> bool:
+        """Decode the event's key and value, run `handler`; every failure becomes a dead letter.
+        False when the handler failed unexpectedly (its partial effects must be discarded)."""
+        msg = event.message
+        self.metrics.inc_label("in", msg.topic)
+        wrong = misrouted(msg.topic, msg.key, msg.partition, self.settings.partitions)
+        if wrong is not None:  # its rows would land in another partition's changelog (issue 15)
+            await self.dead_letter(event, deadletter.STAGE_VALIDATE, f"{wrong.code}: {wrong.detail}", wrong.code)
+            return True
+        try:
+            key = decode_key(msg.key)
+            record = await self._decode(msg.topic, msg.value, msg.headers)
+        except WireFormatError as exc:
+            await self.dead_letter(event, deadletter.STAGE_DECODE, str(exc), type(exc).__name__)
+            return True
+        except Exception as exc:  # noqa: BLE001 - a codec bug on odd bytes: the record still goes to the DLQ
+            log.exception("decoding %s[%s]@%s failed unexpectedly", msg.topic, msg.partition, msg.offset)
+            await self.dead_letter(event, deadletter.STAGE_DECODE, f"{type(exc).__name__}: {exc}", type(exc).__name__)
+            return True
+        started = time.perf_counter()
+        try:
+            await handler(event, key, record)
+            self.metrics.observe_latency(msg.topic, time.perf_counter() - started)
+        except OutputsFailed:  # not this record's fault: the whole batch fails (streams/runtime/outputs.py)
+            raise
+        except Rejected as exc:
+            await self.dead_letter(event, exc.stage, exc.reason, exc.rule)
+        except Exception as exc:  # noqa: BLE001 - a bug must not lose the record or stop the worker
+            log.exception("handler failed on %s[%s]@%s", msg.topic, msg.partition, msg.offset)
+            await self.dead_letter(event, deadletter.STAGE_APPLY, f"{type(exc).__name__}: {exc}", type(exc).__name__)
+            return False
+        return True
+
+    def stateful_agent(self, channel: faust.TopicT, name: str, handler: Handler,
+                       cache: checkpoint.DerivedCache | None = None, lock: asyncio.Lock | None = None) -> None:
+        """An agent that runs `handler` per event with the outputs-first protocol of
+        `streams.runtime.checkpoint` (batches of MEMSTREAM_BATCH_MAX, waiting at most MEMSTREAM_BATCH_WAIT_MS).
+        `cache` is state derived from the tables (refreshed before a batch, dropped after a failed
+        one); `lock` serializes its batches with other writers of the same state (timers)."""
+        lock = lock or asyncio.Lock()
+
+        async def handle(event: faust.types.EventT) -> bool:
+            return await self.guard(event, handler)
+
+        @self.app.agent(channel, name=name)
+        async def run(stream):
+            async for events in stream.take_events(self.settings.batch_max, self.settings.batch_wait_ms / 1000):
+                if self.draining:
+                    await self.hold_back(events)
+                with self.never_ack_unless_applied(name, events):
+                    await self.consistent_ids()
+                    with self.in_flight():
+                        async with lock:
+                            await checkpoint.run_batch(list(events), handle, cache)
+
+    async def consistent_ids(self) -> None:
+        """Wait while the schema registry maps an id this worker used differently than before
+        (streams/runtime/probe.py): no batch is applied (nor committed) until it maps them as before."""
+        if self.probe is not None:
+            await self.probe.wait_consistent()
+
+    @contextmanager
+    def in_flight(self) -> Iterator[None]:
+        """One batch being applied. A stopping worker (`drain`) lets it finish — outputs, table
+        rows and their acknowledgements — before Faust closes the tables and commits; a batch
+        taken after the drain began is not applied (and so never committed: the partition's
+        next owner reads it)."""
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._inflight -= 1
+            if not self._inflight:
+                self._idle.set()
+
+    @staticmethod
+    async def hold_back(events: list[faust.types.EventT]) -> None:
+        """A batch taken while the worker stops: never applied, never acknowledged (so never
+        committed); this agent waits until the stop cancels it."""
+        for event in events:
+            event.message.acked = True  # Faust's consumer skips an already-acked message
+        await asyncio.Event().wait()
+
+    async def drain(self, timeout: float = 60.0) -> None:
+        """Stop starting batches and wait for those in flight (called first when the worker stops)."""
+        self.draining = True
+        deadline = time.monotonic() + timeout
+        if self._inflight:
+            log.info("stopping: waiting for %d batch(es) in flight", self._inflight)
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            log.warning("stopping: %d batch(es) still in flight after %.0fs; their records are not committed "
+                        "and will be read again", self._inflight, timeout)
+        if self.output_producer is not None:  # every batch awaited its outputs: normally nothing left
+            left = await self.output_producer.flush(max(1.0, deadline - time.monotonic()))
+            if left:
+                log.warning("stopping: %d output record(s) not acknowledged; their batches are not committed", left)
+            self.output_producer.close()
+
+    @contextmanager
+    def never_ack_unless_applied(self, agent: str, events: list[faust.types.EventT]) -> Iterator[None]:
+        """Faust acknowledges every event of a taken batch when the agent leaves it, even when it
+        leaves by an exception or a cancellation (`Stream.take_events` acks in a `finally`), and
+        then commits those offsets. A batch whose state was not written must not be committed:
+        its messages are marked acknowledged *without* telling the consumer, so their offsets
+        are never committed and a restart (or the partition's next owner) reads them again.
+        A cancellation (the worker stopping, a partition being revoked) is re-raised; any other
+        failure of the agent itself (not of one record: `guard` dead-letters those) stops the
+        worker at once, before anything later can be committed past the unapplied records."""
+        try:
+            yield
+        except BaseException as exc:
+            for event in events:
+                event.message.acked = True  # as `hold_back`: never committed
+            if isinstance(exc, (asyncio.CancelledError, GeneratorExit, KeyboardInterrupt, SystemExit)):
+                raise
+            log.critical("agent %s failed on a batch of %d records (%s: %s); stopping the worker without "
+                         "committing them: a restart reads them again", agent, len(events), type(exc).__name__,
+                         exc, exc_info=exc)
+            logging.shutdown()
+            os._exit(EXIT_AGENT_FAILED)
+
+    async def _decode(self, topic: str, value: bytes | None, headers=None) -> dict:
+        if value is None:
+            raise _NullValue(f"{topic} record has a null value; inputs never carry tombstones")
+        decode = self.decoder(topic)
+        delay = 0.5
+        waited = False
+        try:
+            while True:
+                try:
+                    record = decode(value, headers)
+                except RegistryError as exc:  # not the record's fault: wait for the registry, keep the record
+                    self._stalled(topic, f"waiting for the schema registry to decode a {topic} record ({exc})")
+                    log.warning("schema registry unavailable (%s); retrying in %.1fs", exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 30.0)
+                    waited = True
+                    continue
+                except WireFormatError:
+                    if not await self._registry_changed(value):
+                        raise  # the record's fault: the caller dead-letters it
+                    self._stalled(topic, f"a {topic} record waits for the schema registry to map its ids as before")
+                    await self.probe.wait_consistent()
+                    continue
+                if waited and await self._registry_changed(None):  # reconnected: is it the same registry?
+                    await self.probe.wait_consistent()
+                    waited = False
+                    continue
+                return record
+        finally:
+            self.stalls.pop(topic, None)
+
+    def _stalled(self, topic: str, why: str) -> None:
+        self.stalls.setdefault(topic, (time.monotonic(), why))
+
+    async def _registry_changed(self, value: bytes | None) -> bool:
+        """Whether the registry maps an id this worker used differently now (then a record that did
+        not decode is not at fault, and nothing may be read until it maps them as before)."""
+        if self.probe is None:
+            return False
+        schema_id = confluent_schema_id(value) if value is not None else 0
+        return await asyncio.get_running_loop().run_in_executor(None, self.probe.explains, schema_id)
+
+
+class _Sent:
+    """What `Table.on_key_set` reads of a changelog send: the message's partition."""
+
+    __slots__ = ("message", "partition")
+
+    def __init__(self, partition: int) -> None:
+        self.message = self
+        self.partition = partition
+
+
+class _DrainingApp(faust.App):
+    """Faust's app, with the memstream runtime drained first when it stops: Faust's own stop
+    closes the tables and commits without waiting for a batch that is in flight (its
+    `wait_empty` returns at once once the consumer is stopping), so a batch could write rows
+    into closed tables, or after its partition was handed to another worker."""
+
+    memstream_runtime: "Runtime | None" = None
+
+    async def on_stop(self) -> None:
+        if self.memstream_runtime is not None:
+            await self.memstream_runtime.drain()
+        await super().on_stop()
+
+
+class _NullValue(WireFormatError):
+    """An input record with no value."""
+
+
+class Rejected(Exception):
+    """A valid record the pipeline refuses by rule; dead-lettered with the rule's name."""
+
+    def __init__(self, reason: str, rule: str = "rejected", stage: str = deadletter.STAGE_VALIDATE) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.rule = rule
+        self.stage = stage
+
+
+def _only_documented_pages(app: faust.App) -> None:
+    """Serve none of Faust's built-in blueprints, whatever the settings say (an operator's
+    `APP_WEB_*_ENABLED` variable included): with stats off Faust still mounts its production
+    index at `/`. Only the views memstream registers (README, "HTTP API") are served."""
+    blueprints = app.web.blueprints
+    blueprints._enabled = [(prefix, bp) for prefix, bp in blueprints._enabled
+                           if not (isinstance(bp, str) and bp.startswith("faust.web.apps."))]
+
+
+def _advertised_host(settings: Settings) -> str:
+    return socket.gethostname() if settings.web_host in ("0.0.0.0", "::") else settings.web_host
+
+
+def create_runtime(settings: Settings) -> Runtime:
+    """The memstream runtime: its Faust app with every agent and view registered."""
+    rt = Runtime(settings)
+    from streams.agents import register_all
+
+    register_all(rt)
+    return rt
+
+
+def create_app(settings: Settings) -> faust.App:
+    """The memstream Faust app with every agent and view registered."""
+    return create_runtime(settings).app

@@ -1,0 +1,106 @@
+"""The Faust app's wiring (no broker needed: the app is built, not started)."""
+
+from __future__ import annotations
+
+import pytest
+
+from streams.contracts import catalog
+from streams.runtime.app import Runtime
+from streams.agents import consumed_topics, register_all
+from streams.settings import Settings
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    rt = Runtime(Settings(registry_url="", partitions=5))
+    register_all(rt)
+    return rt
+
+
+def test_every_table_changelog_keys_are_the_source_key_bytes(runtime):
+    # table_route and the changelog partition both hash these bytes: they must be the UTF-8
+    # key the input topics are partitioned by (not Faust's default JSON-quoted key)
+    for name, table in runtime.tables.items():
+        assert runtime.app.router._get_serialized_key(table, "mb-ünï") == "mb-ünï".encode(), name
+        assert table.changelog_topic.partitions == 5, name
+
+
+def test_every_changelog_and_internal_topic_is_created_by_the_worker_before_faust_subscribes(runtime):
+    # a topic missing from the consumer's first metadata snapshot reads as 0 partitions until the
+    # next refresh (minutes): Faust then refuses the table's first write (PartitionsMismatch)
+    created = {name: (partitions, config) for name, partitions, config in runtime.internal_topics}
+    for name, table in runtime.tables.items():
+        assert created[table.changelog_topic.get_topic_name()] == (5, {"cleanup.policy": "compact"}), name
+    ticks = [n for n in created if n.endswith("-ticks")]
+    assert ticks and all(created[n][1] == {"retention.ms": "3600000"} for n in ticks)
+
+
+def test_partition_of_matches_murmur2_of_the_java_client(runtime):
+    # reference values: Java's Utils.murmur2 (positive) % 5, as librdkafka's murmur2_random computes
+    from aiokafka.partitioner import murmur2
+
+    for key in ("mb-ada", "g-1", "s-x", ""):
+        assert runtime.partition_of(key) == (murmur2(key.encode()) & 0x7FFFFFFF) % 5
+
+
+def test_agents_consume_every_input_topic_and_only_inputs():
+    inputs = {t.name for t in catalog.topics() if t.direction == "in"}
+    assert set(consumed_topics()) == inputs
+
+
+def test_worker_views_are_registered(runtime):
+    pages = set(runtime.app.web.views)
+    expected = {"/v1/memory/{motebit_id}/nodes", "/v1/memory/{motebit_id}/nodes/{node_id}", "/v1/graphs/{graph_id}",
+                "/v1/sessions/{session_id}/compactions", "/v1/negotiator/{user_id}/remember",
+                "/v1/negotiator/{user_id}/forget", "/v1/relay/{motebit_id}/threshold"}
+    assert expected <= pages, expected - pages
+
+
+def test_key_owner_comes_from_the_assignor_not_the_kafka_clients_metadata(runtime):
+    # Faust's own router asked the producer for the changelog topic's metadata: None on a fresh
+    # stack (TypeError, a 500). Ours needs only the assignor's changelog partition -> URL table:
+    # it answers here, in an app whose producer never started (Faust's raises NotReady).
+    from streams.api.http import OwnerUnknown, PartitionRouter
+
+    router = runtime.app.router
+    assert isinstance(router, PartitionRouter)
+    table = runtime.tables["session-ledger"]
+    topic = table.changelog_topic.get_topic_name()
+    assignor = runtime.app.assignor
+    assignor.changelog_distribution = {}
+    with pytest.raises(OwnerUnknown):  # a KeyError: ApiView.route answers 503 + Retry-After
+        router.key_store("session-ledger", "s-1")
+    p = runtime.partition_of("s-1")
+    assignor.changelog_distribution = {"http://a:1": {topic: [q for q in range(5) if q != p]},
+                                       "http://b:2": {topic: [p]}}
+    try:
+        assert str(router.key_store("session-ledger", "s-1")) == "http://b:2"
+        for key in ("mb-ünï", "g-7", "x/y"):
+            owner = "http://b:2" if runtime.partition_of(key) == p else "http://a:1"
+            assert str(router.key_store("session-ledger", key)) == owner
+    finally:
+        assignor.changelog_distribution = {}
+
+
+def test_an_unexpected_exception_in_a_view_is_a_logged_empty_500(runtime, caplog):
+    import asyncio
+
+    class Boom(runtime.View):
+        async def get(self, request, **kwargs):
+            raise TypeError("'NoneType' object is not iterable")
+
+    class FakeRequest:
+        method, path, match_info = "GET", "/v1/boom", {}
+
+    view = Boom(runtime.app, runtime.app.web)
+    response = asyncio.run(view.dispatch(FakeRequest()))
+    assert response.status == 500 and response.body == b""
+    assert "GET /v1/boom failed" in caplog.text
+
+
+def test_unavailable_answers_503_with_retry_after(runtime):
+    from streams.api.http import RETRY_AFTER_S
+
+    view = runtime.View(runtime.app, runtime.app.web)
+    response = view.unavailable("retry")
+    assert response.status == 503 and response.headers["Retry-After"] == str(RETRY_AFTER_S)

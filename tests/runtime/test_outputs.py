@@ -1,0 +1,109 @@
+"""streams/runtime/outputs.py without a broker: a batch's acknowledgements, and a fatal producer error.
+(The records themselves, their partitions and a refusal by the broker: tests/runtime/test_outputs_kafka.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from confluent_kafka import KafkaError
+
+from streams.runtime import checkpoint
+from streams.runtime.outputs import Deliveries, OutputProducer, OutputsFailed
+
+
+def _in_thread(fn, *args) -> None:
+    """Delivery reports arrive on librdkafka's poller thread, never on the event loop's."""
+    t = threading.Thread(target=fn, args=args)
+    t.start()
+    t.join()
+
+
+def test_deliveries_wait_for_every_record_of_the_batch():
+    async def run() -> list[str]:
+        d = Deliveries(asyncio.get_running_loop())
+        for _ in range(3):
+            d.produced()
+        seen = []
+        waiter = asyncio.ensure_future(d)
+        waiter.add_done_callback(lambda _f: seen.append("done"))
+        for i in range(3):
+            await asyncio.sleep(0)
+            seen.append(f"ack {i}")
+            _in_thread(d.delivered, None, None)
+        await waiter
+        return seen
+
+    assert asyncio.run(run()) == ["ack 0", "ack 1", "ack 2", "done"]
+
+
+def test_deliveries_with_nothing_produced_are_done_at_once():
+    async def run() -> None:
+        await Deliveries(asyncio.get_running_loop())
+
+    asyncio.run(run())
+
+
+def test_one_refused_record_fails_the_batch_at_once():
+    async def run() -> None:
+        d = Deliveries(asyncio.get_running_loop())
+        d.produced()
+        d.produced()
+        _in_thread(d.delivered, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None)
+        await d  # the other record is still pending: the error does not wait for it
+
+    with pytest.raises(OutputsFailed, match="not acknowledged"):
+        asyncio.run(run())
+
+
+def test_a_fatal_producer_error_fails_the_open_batches_and_refuses_new_records():
+    out = OutputProducer.for_worker("127.0.0.1:1", "test", 5, 1_000_000)
+
+    async def run() -> None:
+        d = out.deliveries()
+        d.produced()  # a record in flight when the producer fails
+        _in_thread(out._on_error, KafkaError(KafkaError._FATAL, "fenced", fatal=True))
+        with pytest.raises(OutputsFailed, match="fatally"):
+            await d  # the open batch fails at once
+        with pytest.raises(OutputsFailed, match="fatally"):
+            out.deliveries()  # no new batch
+        with pytest.raises(OutputsFailed, match="fatally"):
+            await out.produce(d, "t", b"k", b"v")  # no new record
+
+    asyncio.run(run())
+
+
+def test_a_transient_producer_error_fails_nothing():
+    out = OutputProducer.for_worker("127.0.0.1:1", "test", 5, 1_000_000)
+
+    async def run() -> None:
+        d = out.deliveries()
+        d.produced()
+        _in_thread(out._on_error, KafkaError(KafkaError._TRANSPORT, "broker down"))
+        _in_thread(d.delivered, None, None)  # librdkafka retried: delivered after all
+        await d
+
+    asyncio.run(run())
+
+
+def test_a_batch_whose_outputs_fail_writes_no_state():
+    """checkpoint.run_batch with a failed acknowledgement: the exception leaves the batch before step
+    3 (the agent then stops the worker without committing: Runtime.never_ack_unless_applied)."""
+    table: dict = {}
+
+    class Event:
+        pass
+
+    async def handle(event) -> bool:
+        batch = checkpoint.current_batch()
+        d = batch.deliveries = Deliveries(asyncio.get_running_loop())
+        batch.acks.append(d)
+        d.produced()
+        checkpoint.write(table, "row", {"applied": True})
+        threading.Timer(0.01, d.delivered, (KafkaError(KafkaError.REQUEST_TIMED_OUT), None)).start()
+        return True
+
+    with pytest.raises(OutputsFailed):
+        asyncio.run(checkpoint.run_batch([Event()], handle))
+    assert table == {}
