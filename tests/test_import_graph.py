@@ -25,3 +25,16 @@ def test_the_package_graph_resolves_relative_imports_to_modules_of_the_package()
     assert "streams.settings" in runtime["streams.runtime.app"]  # `from .settings import Settings`
     core = {a: b for a, b in runtime.items() if a.startswith("streams.core")}
     assert core and all(t.startswith("streams.core") for targets in core.values() for t in targets)  # a pure centre
+
+
+def test_the_package_has_no_import_cycle_and_runtime_knows_no_agent_or_analytics():
+    known = import_graph.modules()
+    runtime, _ = import_graph.imports(known)
+    assert import_graph.cycles(runtime) == []
+    runtime_wing = {t for a, targets in runtime.items() if a.startswith("streams.runtime") for t in targets}
+    assert not {t for t in runtime_wing if t.startswith(("streams.agents", "streams.analytics"))} - {"streams.agents"}
+    # the pure centre knows no wing
+    for a, targets in runtime.items():
+        if a.startswith(("streams.core", "streams.sessions", "streams.graphs", "streams.analytics")):
+            assert not [t for t in targets if t.startswith(("streams.runtime", "streams.agents", "streams.api",
+                                                              "streams.tools"))], a

@@ -1,7 +1,8 @@
 """Windowed activity analytics → memory.analytics.v1 and the analytics HTTP API.
 The rules (classification, event-time windows, lateness, expiry) are in `streams/analytics`.
 
-Other agents feed increments with `rt.feed_analytics(increments)` inside the event they are
+Other agents feed increments with `rt.feed_analytics(increments)` (the runtime hands them to this
+agent's hook, `Runtime.add_hook`) inside the event they are
 processing (so the `analytics` table write, staged with that event's batch, lands on that
 event's partition, which owns the subject). A partition-local timer publishes every window whose aggregate changed and expires
 old ones; the state is a table, so after a restart or a rebalance the recovered windows are
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import aiohttp
 from faust.web import Request, Response
@@ -40,6 +41,7 @@ from faust.web import Request, Response
 from streams.contracts import catalog
 from streams.runtime import checkpoint
 from ..analytics import (
+    classify_dead_letter,
     HOUR,
     MINUTE,
     add_increment,
@@ -86,10 +88,22 @@ def register(rt: "Runtime") -> None:
             return state
         return add_to
 
-    rt.feed_analytics = feed
-    # an erasure (memory agent) removes the user's row; staged as an update, so it also drops
-    # the increments the same batch fed before it
-    rt.erase_analytics = lambda subject: checkpoint.update(table, subject, lambda _state: checkpoint.DELETE)
+    class Hook:
+        """The analytics agent's subscription to the pipeline (streams/runtime/handlers.py)."""
+
+        increments = staticmethod(feed)
+
+        @staticmethod
+        def erase(subject: str) -> None:
+            # an erasure (memory agent) removes the user's row; staged as an update, so it also
+            # drops the increments the same batch fed before it
+            checkpoint.update(table, subject, lambda _state: checkpoint.DELETE)
+
+        @staticmethod
+        def dead_lettered(record: Mapping[str, Any], event_time_ms: int, index: int, partition: int) -> None:
+            feed(classify_dead_letter(record, event_time_ms, index=index, partition=partition))
+
+    rt.add_hook(Hook())
 
     async def publish(partition: int, now_ms: int) -> None:
         mine = [(s, st) for s, st in list(table.items())

@@ -19,7 +19,7 @@ from streams.contracts import catalog
 from streams.runtime import checkpoint
 from ..analytics import classify_graph_budget
 from streams.api.http import authenticated
-from streams.runtime.app import Rejected
+from streams.runtime.handlers import Rejected
 from ..core.limits import id_problem
 from ..graphs import state as graph_state
 

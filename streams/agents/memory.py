@@ -45,7 +45,7 @@ from faust.web import Request, Response
 
 from streams.contracts import catalog
 from streams.runtime import checkpoint
-from streams.runtime.app import Rejected
+from streams.runtime.handlers import Rejected
 from ..core import (
     ConsolidationPolicy,
     Outcome,

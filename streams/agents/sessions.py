@@ -38,7 +38,7 @@ from faust.web import Request, Response
 from streams.contracts import catalog, deadletter
 from streams.runtime import checkpoint
 from ..analytics import classify_compaction
-from streams.runtime.app import Rejected
+from streams.runtime.handlers import Rejected
 from ..core.limits import id_problem
 from streams.api.http import authenticated
 from ..sessions import lifecycle

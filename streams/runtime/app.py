@@ -26,7 +26,7 @@ from faust.types import TP
 
 from streams.contracts import catalog, deadletter
 from streams.runtime import checkpoint, codecs
-from streams.analytics import classify_dead_letter
+from streams.runtime.handlers import PipelineHook, Rejected
 from streams.core.partitioning import misrouted, partition_for
 from streams.api.http import PartitionRouter, ServerLimits, api_view, install_server_limits, parse_tokens
 from streams.runtime.metrics import Metrics
@@ -133,10 +133,8 @@ class Runtime:
                 settings.broker, f"{settings.app_id}-outputs", settings.producer_linger_ms,
                 self.app.conf.producer_max_request_size)
         self.metrics = Metrics()
-        # set by the analytics agent; other agents call it with classified increments
-        self.feed_analytics: Callable[[Any], None] = lambda increments: None
-        # set by the analytics agent: stage the removal of a subject's analytics row (an erasure)
-        self.erase_analytics: Callable[[str], None] = lambda subject: None
+        #: subscribers to what the pipeline did (the analytics agent is one): `add_hook`
+        self._hooks: list[PipelineHook] = []
         self._dlq_index: dict[tuple[str, int], tuple[int, int]] = {}
         self._dlq_logged_at = float("-inf")  # when a dead letter was last logged at info
         self._dlq_unlogged = 0  # dead letters since, logged at debug only
@@ -265,6 +263,20 @@ class Runtime:
                 if tp.topic == owner_topic:
                     await topic.send(value=now, partition=tp.partition)
 
+    def add_hook(self, hook: PipelineHook) -> None:
+        """Subscribe `hook` to what the pipeline does (see streams/runtime/handlers.py)."""
+        self._hooks.append(hook)
+
+    def feed_analytics(self, increments: Any) -> None:
+        """An agent reports the classified increments of the record it is handling."""
+        for hook in self._hooks:
+            hook.increments(increments)
+
+    def erase_analytics(self, subject: str) -> None:
+        """An erasure's last step: every hook forgets `subject`."""
+        for hook in self._hooks:
+            hook.erase(subject)
+
     def count(self, name: str, n: int = 1) -> None:
         self.metrics.inc(name, n)
 
@@ -320,8 +332,8 @@ class Runtime:
         last_offset, index = self._dlq_index.get((msg.topic, msg.partition), (-1, -1))
         index = index + 1 if last_offset == msg.offset else 0  # the n-th dead letter of this record
         self._dlq_index[(msg.topic, msg.partition)] = (msg.offset, index)
-        self.feed_analytics(classify_dead_letter(record, int(msg.timestamp * 1000), index=index,
-                                                 partition=msg.partition))
+        for hook in self._hooks:
+            hook.dead_lettered(record, int(msg.timestamp * 1000), index, msg.partition)
         self.metrics.inc_label("dlq", f"{stage}/{error_class}")
         # one line per DLQ_LOG_INTERVAL_S at info (a burst of bad records would otherwise cost
         # more in logging than in processing); every one at debug; all of them are counted
@@ -529,15 +541,6 @@ class _DrainingApp(faust.App):
 class _NullValue(WireFormatError):
     """An input record with no value."""
 
-
-class Rejected(Exception):
-    """A valid record the pipeline refuses by rule; dead-lettered with the rule's name."""
-
-    def __init__(self, reason: str, rule: str = "rejected", stage: str = deadletter.STAGE_VALIDATE) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.rule = rule
-        self.stage = stage
 
 
 def _only_documented_pages(app: faust.App) -> None:

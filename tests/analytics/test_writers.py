@@ -72,7 +72,7 @@ class FakeRuntime:
         self.held = asyncio.Event()  # set once a send is waiting at the gate
         self.counts: dict[str, int] = {}
         self.tick_handler = None
-        self.feed_analytics = lambda increments: None
+        self.hooks: list = []
         self.settings = SimpleNamespace(partitions=1)
 
         def page(_path):
@@ -84,6 +84,13 @@ class FakeRuntime:
     def table(self, name: str):
         assert name == "analytics"
         return self._table
+
+    def add_hook(self, hook) -> None:
+        self.hooks.append(hook)
+
+    def feed_analytics(self, increments) -> None:
+        for hook in self.hooks:
+            hook.increments(increments)
 
     def partition_of(self, key: str) -> int:
         return 0
