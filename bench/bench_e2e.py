@@ -91,7 +91,7 @@ from bench.bench_consolidation import memory_text, vocabulary
 from streams.contracts import catalog, topics
 from streams.tools import devstack, generate, kafkatools
 from streams.agents.memory import SOURCES as MEMORY_INPUTS
-from streams.agents.memory import STATE_TABLE, node_key
+from streams.agents.memory_store import STATE_TABLE, node_key
 from streams.core import UserMemory, event_id_for
 from streams.core.nodes import make_node
 from streams.core.state import SEEN_CHUNK_KEY

@@ -1,4 +1,7 @@
-"""Faust agents: each module registers its tables, agents, timers and views on the Runtime."""
+"""Faust agents: each module registers its tables, agents and timers on the Runtime.
+
+`register_all` is the composition root of a worker: the agents first, then the HTTP API areas
+that read their state (streams/api/)."""
 
 from __future__ import annotations
 
@@ -8,18 +11,26 @@ if TYPE_CHECKING:
     from streams.runtime.app import Runtime
 
 
-def _modules():
+def _agent_modules():
     from streams.agents import analytics, graphs, memory, sessions
-    from streams.api import dashboard, health
 
-    return [analytics, memory, graphs, sessions, health, dashboard]
+    return [analytics, memory, graphs, sessions]
 
 
 def consumed_topics() -> list[str]:
     """Every input topic some agent reads (each agent module declares its SOURCES)."""
-    return [t for m in _modules() for t in m.SOURCES]
+    return [t for m in _agent_modules() for t in m.SOURCES]
 
 
 def register_all(rt: "Runtime") -> None:
-    for module in _modules():
-        module.register(rt)
+    from streams.agents import analytics, graphs, memory, sessions
+    from streams.api import dashboard, health
+    from streams.api import memory as memory_api
+
+    analytics.register(rt)
+    agent = memory.register(rt)
+    graphs.register(rt)
+    sessions.register(rt)
+    memory_api.register(rt, agent.store, agent.policy_topic, agent.calls)
+    health.register(rt)
+    dashboard.register(rt)

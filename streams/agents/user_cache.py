@@ -6,7 +6,7 @@ and `UserCache` bounds how much of that derived state a worker keeps. Where the 
 (a prefix scan of the partition's RocksDB, or a scan of the table) is `streams.agents.state_scan`.
 
 Row classification (`load_user`; the key is `<user>` or `<user>/<rest>`, see
-`streams.agents.memory.node_key`): `<user>/~seen/<k>` is sealed chunk k of the de-duplication
+`streams.agents.memory_store.node_key`): `<user>/~seen/<k>` is sealed chunk k of the de-duplication
 window (a non-integer k: the user cannot be rebuilt), `<user>/~del/…`, `~fp/…`, `~pin/…` are side
 rows, and any other row is classified by what it holds — an aux row (no `node_id`) under `<user>`,
 a node row under `<user>/<node_id>`. A row whose `motebit_id` is another user's (left by an older

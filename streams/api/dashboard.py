@@ -61,7 +61,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memstream.dashboard")
 
-SOURCES: list[str] = []  # reads no topic
 PAGE = Path(__file__).resolve().parent.parent / "web" / "dashboard.html"
 ACTIVITY_MINUTES = 120  # minute windows shown (the minute windows' lateness keeps ~2 h anyway)
 RATE_MINUTES = 15

@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memstream.ops")
 
-SOURCES: list[str] = []  # reads no topic
 TABLE_SIZE_TTL_S = 15.0
 BROKER_TIMEOUT_S = 5.0
 

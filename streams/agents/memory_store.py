@@ -1,0 +1,257 @@
+"""The memory agent's durable state and the per-user state derived from it (`MemoryStore`).
+
+
+Durable state: ONE table, `memory-state`, so that all of a user's rows share one changelog
+partition and keep their write order: key `motebit_id` → the user's aux row (clock, the open
+tail of the de-duplication window, and `pending`: the other rows of the last write batch, a redo
+log), key `motebit_id/node_id` → a node row, key `motebit_id/~seen/k` → sealed chunk k of the
+de-duplication window (so a write does not carry the whole window), and one small side row per
+deleted node id (`~del/<id>`), deleted content fingerprint (`~fp/<sha256>`) and pin
+(`~pin/<node_id>`), so that no row grows with a user's history. The per-user `UserMemory` with its
+similarity index is derived: read from that user's rows on first touch (a prefix scan of its
+partition's RocksDB: `streams.agents.state_scan`) into an LRU bounded by MEMSTREAM_LOADED_NODES_MAX
+(`streams.agents.user_cache`), and dropped at every rebalance (so after a restart or a partition
+move a user is read again from the recovered changelog, when it is next needed).
+
+Write order (streams/runtime/checkpoint.py): a batch's outputs are sent and acknowledged first; then the
+aux rows, then the node rows. So "the input is marked seen" implies "its outputs are durable",
+and an aux row in the changelog without the node rows after it is completed from `pending`. A
+crash re-processes the unwritten part of a batch with the same derived ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import orjson
+
+from streams.runtime import checkpoint
+from ..core import (
+    Outcome,
+    UserMemory,
+)
+from ..core.redaction import threshold_for
+from ..core.state import SEEN_CHUNK_KEY
+from . import state_scan
+from .user_cache import UserCache, load_user, weight
+
+if TYPE_CHECKING:
+    from streams.runtime.app import Runtime
+
+log = logging.getLogger("memstream.memory")
+
+NODE_KEY_SEP = "/"
+STATE_TABLE = "memory-state"  #: motebit_id -> aux row (with `pending`); motebit_id/node_id -> node row
+
+
+
+def node_key(motebit_id: str, node_id: str) -> str:
+    """The key of a user's row: `<motebit_id>/<rest>`. Collision-free because a user id can never
+    contain the separator (validated at ingest: `streams.core.ingest`), so the first `/` always
+    ends the user id; `rest` (a node id, SEEN_CHUNK_KEY + k, or a side row's suffix) may contain
+    anything."""
+    return f"{motebit_id}{NODE_KEY_SEP}{node_id}"
+
+
+class UserContained(Exception):
+    """The user's durable rows could not be rebuilt on this worker (see `MemoryStore._rebuild`)."""
+
+    def __init__(self, motebit_id: str, why: str) -> None:
+        super().__init__(f"the memory state of this user cannot be rebuilt ({why}); its records are "
+                         "dead-lettered until an operator repairs the rows")
+        self.motebit_id = motebit_id
+
+
+class MemoryStore:
+    """The partition-local memory state of this worker: the tables, and the per-user
+    `UserMemory` derived from them, loaded on first touch into a bounded LRU
+    (`streams.agents.user_cache`; bound: MEMSTREAM_LOADED_NODES_MAX).
+
+    A user is loaded from its own rows only (`state_scan.user_rows`: a prefix scan of its
+    partition's RocksDB) when a record, a housekeeping sweep or an HTTP query first needs it.
+    Nothing is read at a rebalance: it only drops the loaded users (`_on_rebalance`), so a
+    restarted worker is ready as soon as Faust has restored the changelog."""
+
+    def __init__(self, rt: "Runtime") -> None:
+        self.rt = rt
+        self.state = rt.table(STATE_TABLE)  # motebit_id -> aux row; motebit_id/node_id -> node row
+        self.negotiator = rt.table("negotiator")
+        self.relay_policy = rt.table("relay-policy")  # motebit_id -> consented threshold
+        #: motebit_id -> its relay-policy row (None: no override), read once per user: the table's
+        #: one writer (the relay-policy agent) drops a user's entry when it writes, a rebalance all
+        self.relay_overrides: dict[str, Any] = {}
+        self.lock = asyncio.Lock()  # one writer at a time: the agent's batches, the timer's sweeps
+        self.users = UserCache(rt.settings.loaded_nodes_max)
+        self.redo: dict[str, dict[str, Any]] = {}  # loaded user -> redo-log rows not yet rewritten
+        self.corrupt: dict[str, str] = {}  # user -> why its rows could not be rebuilt (contained)
+        self.foreign: dict[str, int] = {}  # user -> rows under its keys owned by another user
+        self.index_config = rt.settings.index_config()
+        self.valid = False
+        rt.app.on_partitions_assigned.connect(self._on_rebalance)
+        rt.app.on_partitions_revoked.connect(self._on_rebalance)
+        # and again once the new partitions' changelogs are recovered (a user loaded in
+        # between, e.g. by an HTTP query, may have been read from a half-recovered table)
+        rt.app.on_rebalance_complete.connect(self._on_rebalance)
+
+    async def _on_rebalance(self, *args: Any, **kwargs: Any) -> None:
+        self.valid = False
+        self.relay_overrides.clear()
+
+    def relay_threshold(self, motebit_id: str) -> str:
+        """`threshold_for` the user (its override, else MEMSTREAM_RELAY_THRESHOLD), without a
+        table read per record."""
+        if motebit_id not in self.relay_overrides:
+            self.relay_overrides[motebit_id] = self.relay_policy.get(motebit_id)
+        override = self.relay_overrides[motebit_id]
+        return threshold_for(motebit_id, None if override is None else {motebit_id: override},
+                             self.rt.settings.relay_threshold)
+
+    # DerivedCache (streams.runtime.checkpoint): `refresh` before every batch attempt (the previous one is
+    # written, or dropped by `invalidate`), `invalidate` after a failed attempt.
+    def refresh(self) -> None:
+        if not self.valid:
+            self._reset()
+        else:
+            self._forget(self.users.unpin_all())
+
+    def invalidate(self) -> None:
+        """The failed attempt's effects are in the users it touched (pinned): drop those, they
+        are loaded again from the table; every other loaded user is as the table has it."""
+        pinned = list(self.users.pinned)
+        self.users.drop(pinned)
+        self._forget(pinned, evicted=False)
+
+    def _reset(self) -> None:
+        """Forget every loaded user (after a rebalance): each is read again on first touch."""
+        self.users.clear()
+        self.redo.clear()
+        self.corrupt.clear()
+        self.foreign.clear()
+        self.valid = True
+        self._gauges()
+
+    def _forget(self, users: list[str], evicted: bool = True) -> None:
+        if users and evicted:
+            self.rt.count("memory_users:evicted", len(users))
+        for u in users:
+            self.redo.pop(u, None)  # the aux row still has it: read again with the user
+
+    def _gauges(self) -> None:
+        self.rt.metrics.set_gauge("memory_users_contained", len(self.corrupt))
+        self.rt.metrics.set_gauge("memory_foreign_rows", sum(self.foreign.values()))
+        self.rt.metrics.set_gauge("memory_users_loaded", len(self.users))
+        self.rt.metrics.set_gauge("memory_nodes_loaded", self.users.total)
+
+    def _readable(self) -> None:
+        # A reader outside a batch (HTTP) drops stale users; inside one the loaded users stay
+        # (the batch's own hold its effects not yet in the tables).
+        if not self.valid and not self.lock.locked():
+            self._reset()
+
+    def _load(self, motebit_id: str, rows: list | None = None) -> tuple[UserMemory | None, dict]:
+        """Read a user from its rows: its state and the redo log of its aux row, or (None, {})
+        for a user whose rows cannot be rebuilt (contained: recorded in `corrupt`). Not cached."""
+        if rows is None:
+            rows = state_scan.user_rows(self.state, motebit_id, self.rt.partition_of(motebit_id))
+        loaded = load_user(motebit_id, rows, dedup_max_ids=self.rt.settings.dedup_max_ids,
+                           index_config=self.index_config)
+        if loaded.foreign:
+            if motebit_id not in self.foreign:
+                log.warning("memory state of %r: skipped %d rows whose owner differs from their key (left by a "
+                            "version that allowed %r in ids; see README, 'State from earlier versions')",
+                            motebit_id[:200], loaded.foreign, NODE_KEY_SEP)
+            self.foreign[motebit_id] = loaded.foreign
+        if loaded.memory is None:
+            if motebit_id not in self.corrupt:
+                log.error("memory state of user %r cannot be rebuilt (%s): its records are dead-lettered and its "
+                          "queries answer 503 until the rows are repaired", motebit_id[:200], loaded.corrupt)
+            self.corrupt[motebit_id] = loaded.corrupt or "unreadable rows"
+            self._gauges()
+        return loaded.memory, loaded.redo
+
+    def _keep(self, motebit_id: str, um: UserMemory, redo: dict) -> None:
+        """Cache a loaded user with its redo log (rewritten by its next write: `stage`); inside
+        a batch it is pinned until the batch is written."""
+        self.rt.count("memory_users:loaded")
+        self._forget(self.users.put(motebit_id, um, pin=checkpoint.current_batch() is not None))
+        if redo:
+            self.redo[motebit_id] = redo
+        self._gauges()
+
+    def user(self, motebit_id: str) -> UserMemory:
+        """The user's state (loaded on first touch); raises `UserContained` for a user whose rows
+        could not be rebuilt. Inside a batch the user is pinned until the batch is written."""
+        self._readable()
+        if motebit_id in self.corrupt:
+            raise UserContained(motebit_id, self.corrupt[motebit_id])
+        um = self.users.get(motebit_id, pin=checkpoint.current_batch() is not None)
+        if um is None:
+            um, redo = self._load(motebit_id)
+            if um is None:
+                raise UserContained(motebit_id, self.corrupt[motebit_id])
+            self._keep(motebit_id, um, redo)
+        return um
+
+    def partition_users(self, partition: int, wanted: Callable[[list], bool] | None = None, after: str | None = None
+                        ) -> Iterator[tuple[str, UserMemory | None, dict | None, int]]:
+        """`(user, state, redo, rows)` of every user of a local partition in user-id order
+        (after `after`, when given), for a sweep; `rows`: how many rows were read for it. A loaded
+        user comes as it is (redo None); any other is read from the table one at a time, skipped
+        (state None) unless `wanted(rows)`, and *not* cached, so a sweep does not flush the LRU:
+        `keep(user, state, redo)` caches one that the sweep changes. Contained users are skipped."""
+        self._readable()
+        for user, rows in state_scan.users_rows(self.state, partition, self.rt.partition_of, after):
+            if user in self.corrupt:
+                continue
+            um = self.users.get(user)
+            if um is not None:
+                yield user, um, None, weight(um)
+                continue
+            read = rows()
+            if wanted is not None and not wanted(read):
+                yield user, None, None, len(read)  # one user read: the caller lets the event loop run
+                continue
+            um, redo = self._load(user, read)
+            if um is not None:
+                yield user, um, redo, len(read)
+
+    def keep(self, motebit_id: str, um: UserMemory, redo: dict | None) -> None:
+        """A user from `partition_users` that the batch changes: cached (and pinned) so that the
+        batch's effects stay with it until they are written."""
+        if self.users.get(motebit_id, pin=checkpoint.current_batch() is not None) is None:
+            self._keep(motebit_id, um, redo or {})
+
+    def stage(self, motebit_id: str, um: UserMemory, out: Outcome) -> None:
+        """Stage the user's rows after an outcome: the aux row first (with the batch's other
+        rows of this user as its redo log: `pending`), then the node rows and the sealed
+        chunks of the de-duplication window (the aux row keeps only its open tail). The first
+        write after a rebuild also rewrites the rows of the user's last redo log: a crash may
+        have kept them out of the table, and the new aux row will no longer carry them."""
+        for suffix, row in self.redo.pop(motebit_id, {}).items():
+            checkpoint.write(self.state, node_key(motebit_id, suffix), checkpoint.DELETE if row is None else row)
+        for node in out.node_upserts:
+            checkpoint.write(self.state, node_key(motebit_id, node["node_id"]), node)
+        for node_id in out.node_deletions:
+            checkpoint.write(self.state, node_key(motebit_id, node_id), checkpoint.DELETE)
+        sealed, dropped = um.seen_changes()
+        for k, rows in sealed.items():
+            checkpoint.write(self.state, node_key(motebit_id, f"{SEEN_CHUNK_KEY}{k}"), rows)
+        for k in dropped:
+            checkpoint.write(self.state, node_key(motebit_id, f"{SEEN_CHUNK_KEY}{k}"), checkpoint.DELETE)
+        side = um.side_changes()  # deleted ids and fingerprints, pins: one small row each
+        for suffix, row in side.items():
+            checkpoint.write(self.state, node_key(motebit_id, suffix), checkpoint.DELETE if row is None else row)
+        # the aux row carries these rows as its redo log: past the budget, the batch is made
+        # durable after this record (streams.runtime.checkpoint), so the aux row stays bounded
+        staged = sum(len(orjson.dumps(n)) for n in out.node_upserts) + sum(len(orjson.dumps(r)) for r in sealed.values())
+        checkpoint.add_bytes(motebit_id, staged + 64 * (len(out.node_deletions) + len(side)),
+                          self.rt.settings.state_batch_max_bytes)
+
+        def aux_row(batch: checkpoint.Batch | None) -> dict:
+            rows = batch.staged_rows(self.state, motebit_id) if batch else {}
+            pending = {k.split(NODE_KEY_SEP, 1)[1]: (None if v is checkpoint.DELETE else v) for k, v in rows.items()}
+            return {**um.aux_record(compact=True), "pending": pending}
+
+        checkpoint.write(self.state, motebit_id, aux_row, first=True)
