@@ -143,7 +143,7 @@ def _ship_graph_logs(args: argparse.Namespace, s: Settings) -> int:
 
 
 def _ops_call(run: Callable[[], int]) -> int:
-    from streams.tools.ops import OpsError
+    from streams.tools.kafkatools import OpsError
 
     try:
         return run()
@@ -153,23 +153,23 @@ def _ops_call(run: Callable[[], int]) -> int:
 
 
 def _status(args: argparse.Namespace, s: Settings) -> int:
-    from streams.tools import ops
+    from streams.tools import status
 
     workers = [u.strip() for u in args.workers.split(",") if u.strip()] if args.workers else None
-    return _ops_call(lambda: ops.status(s, workers=workers, as_json=args.json))
+    return _ops_call(lambda: status.status(s, workers=workers, as_json=args.json))
 
 
 def _dlq(args: argparse.Namespace, s: Settings) -> int:
-    from streams.tools import ops
+    from streams.tools import dlq
 
     if args.dlq_cmd == "inspect":
-        narrow = ops.Filter(args.topic, args.stage, args.error_class)
-        return _ops_call(lambda: ops.inspect(s, narrow=narrow, limit=args.limit, as_json=args.json))
+        narrow = dlq.Filter(args.topic, args.stage, args.error_class)
+        return _ops_call(lambda: dlq.inspect(s, narrow=narrow, limit=args.limit, as_json=args.json))
 
     def run() -> int:
-        offsets = ops.parse_offsets(args.offsets) if args.offsets is not None else None
-        return ops.replay(s, offsets=offsets, error_class=args.error_class, select_all=args.all,
-                          narrow=ops.Filter(args.topic, args.stage), dry_run=args.dry_run)
+        offsets = dlq.parse_offsets(args.offsets) if args.offsets is not None else None
+        return dlq.replay(s, offsets=offsets, error_class=args.error_class, select_all=args.all,
+                          narrow=dlq.Filter(args.topic, args.stage), dry_run=args.dry_run)
 
     return _ops_call(run)
 

@@ -17,6 +17,16 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from streams.settings import Settings
 
+KAFKA_TIMEOUT_S = 15.0  #: operator commands' limit on one broker call
+
+
+class OpsError(Exception):
+    """A failure the operator can act on (broker unreachable, bad option): reported in one line."""
+
+
+def kafka_error(settings: Settings, exc: BaseException) -> OpsError:
+    return OpsError(f"cannot reach Kafka at {settings.broker} ({exc}); is the stack up? (`memstream dev status`)")
+
 Offsets = dict[tuple[str, int], int]
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from streams.contracts import catalog, deadletter
 from streams.api.health import judge, problem
-from streams.tools.ops import _DeadLetterDecoder
+from streams.tools.dlq import _DeadLetterDecoder
 from streams.runtime.probe import EXIT_DISK_FULL, WorkerProbe
 from streams.contracts.schemaids import IdMismatch, KnownIds, KnownSchema, mismatches
 from streams.settings import Settings

@@ -1,0 +1,57 @@
+"""The ops views (streams/api/health.py: /metrics, /health) are registered without auth and say why a worker is not ready: no broker."""
+
+from __future__ import annotations
+
+
+import pytest
+
+
+
+
+def test_ops_views_are_registered_without_auth():
+    from streams.api import health as ops_agent
+    from streams.runtime.app import Runtime
+    from streams.settings import Settings
+
+    rt = Runtime(Settings(registry_url="", partitions=3, app_id="test-ops-views"))
+    ops_agent.register(rt)
+    views = rt.app.web.views
+    assert {"/metrics", "/health"} <= set(views)
+    for path in ("/metrics", "/health"):  # plain faust Views, not the bearer-token ApiView
+        assert not isinstance(views[path], rt.View)
+
+
+def fake_runtime(*, started=True, stopping=False, in_recovery=False, completed=True, rebalancing=False, remaining=0):
+    from types import SimpleNamespace as NS
+
+    from faust.types import TP
+
+    class Event:
+        def is_set(self):
+            return completed
+
+    recovery = NS(completed=Event(), in_recovery=in_recovery, active_remaining_total=lambda: remaining,
+                  standby_remaining_total=lambda: 0)
+    actives = {TP("graph.events.v1", 0), TP("app-graph-state-changelog", 0), TP("app-__assignor-__leader", 0)}
+    app = NS(tables=NS(recovery=recovery, changelog_topics={"app-graph-state-changelog"}),
+             rebalancing=rebalancing, should_stop=stopping, started=started, conf=NS(canonical_url="http://h:1"),
+             assignor=NS(assigned_actives=lambda: actives, assigned_standbys=lambda: {TP("app-x-changelog", 1)}))
+    return NS(app=app, worker_name="h:1")
+
+
+@pytest.mark.parametrize("state, status, reason", [
+    ({}, "ready", "1 source partitions"),
+    ({"completed": False}, "starting", "first partition assignment"),
+    ({"started": False, "completed": False}, "starting", "starting"),
+    ({"in_recovery": True, "remaining": 42}, "recovering", "recovering: 42 offsets left"),
+    ({"in_recovery": True, "completed": False, "remaining": 7, "rebalancing": True}, "recovering", "7 offsets left"),
+    ({"rebalancing": True}, "rebalancing", "rebalancing"),
+    ({"stopping": True}, "stopping", "shutting down"),
+])
+def test_health_is_ready_only_after_recovery_and_says_why_not(state, status, reason):
+    from streams.api.health import health
+
+    h = health(fake_runtime(**state))
+    assert h.status == status and reason in h.reason and h.ready == (status == "ready")
+    assert h.sources == ["graph.events.v1[0]"]  # no changelog, no leader topic
+    assert (h.active_partitions, h.standby_partitions) == (3, 1)
