@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields
-from typing import Any, Iterable
+from typing import Any
 
 #: Characters an id may contain (see the module doc); the first must be a letter or a digit.
 ID_CHARSET = "A-Za-z0-9._:@-"
@@ -166,10 +166,3 @@ def check_id(field: str, value: Any, limits: Limits = DEFAULT_LIMITS) -> str:
 
 def is_valid_id(value: Any, limits: Limits = DEFAULT_LIMITS) -> bool:
     return id_problem(value, limits) is None
-
-
-def check_ids(pairs: Iterable[tuple[str, Any]], limits: Limits = DEFAULT_LIMITS) -> None:
-    """:func:`check_id` each (field, value) whose value is not None."""
-    for field, value in pairs:
-        if value is not None:
-            check_id(field, value, limits)

@@ -139,7 +139,6 @@ RULES: dict[str, str] = {
     "event.over_limit": "an event over an input limit or with an id against the id rules (MEMSTREAM_MAX_*)",
 }
 
-COMPACTION_TYPES = ("compaction/start", "compaction/summary", "compaction/end", "compaction/prune")
 TURN_START = "turn/start"
 TURN_END = "turn/end"
 #: written by the producer right after the history a resumed or forked session inherited: a

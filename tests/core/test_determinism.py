@@ -7,7 +7,7 @@ from pathlib import Path
 
 from hypothesis import given, settings, strategies as st
 
-from streams.core import IndexConfig, UserMemory, process_candidate, process_event, sweep
+from streams.core import IndexConfig, UserMemory, process_candidate, process_event, sweep_memory
 from streams.core.state import SEEN_CHUNK_KEY, SIDE_PREFIXES
 
 from .factories import candidate, event, one_word_edit, sentence
@@ -109,7 +109,7 @@ def test_restart_from_durable_state_converges(seed, n, data):
     assert (list(steady.nodes()), steady.aux_record()["deleted_fingerprints"]) == snapshot
     # housekeeping is deterministic too
     s1, s2 = steady.clone(), steady.clone()
-    assert sweep(s1, end + 40 * 86_400_000) == sweep(s2, end + 40 * 86_400_000)
+    assert sweep_memory(s1, end + 40 * 86_400_000) == sweep_memory(s2, end + 40 * 86_400_000)
 
 
 @settings(max_examples=40, deadline=None)
