@@ -20,7 +20,8 @@ tail of the de-duplication window, and `pending`: the other rows of the last wri
 log), key `motebit_id/node_id` → a node row, key `motebit_id/~seen/k` → sealed chunk k of the
 de-duplication window (so a write does not carry the whole window), and one small side row per
 deleted node id (`~del/<id>`), deleted content fingerprint (`~fp/<sha256>`) and pin
-(`~pin/<node_id>`), so that no row grows with a user's history. The per-user `UserMemory` with its
+(`~pin/<node_id>`), so that no row grows with a user's history (the layout is defined, read and
+laid out in `streams.agents.user_cache`; the core's `UserMemory` knows no keys). The per-user `UserMemory` with its
 similarity index is derived: read from that user's rows on first touch (a prefix scan of its
 partition's RocksDB: `streams.agents.state_scan`) into an LRU bounded by MEMSTREAM_LOADED_NODES_MAX
 (`streams.agents.user_cache`), and dropped at every rebalance (so after a restart or a partition
@@ -70,11 +71,10 @@ from ..core.negotiator import (
     validate_request,
 )
 from ..core.redaction import relay_events, threshold_for
-from ..core.state import SEEN_CHUNK_KEY
 from ..deadletter import STAGE_APPLY, STAGE_VALIDATE
 from ..core.vocabulary import SENSITIVITY_LEVELS
 from . import state_scan
-from .user_cache import SweepSlices, UserCache, load_user, may_expire, weight
+from .user_cache import SweepSlices, UserCache, chunk_rows, load_user, may_expire, side_rows, weight
 from ..http import SCOPE_ADMIN, SCOPE_NEGOTIATOR, BadRequest, Token, authenticated, mask_node, parse_ms, visible
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ STATE_TABLE = "memory-state"  #: motebit_id -> aux row (with `pending`); motebit
 def node_key(motebit_id: str, node_id: str) -> str:
     """The key of a user's row: `<motebit_id>/<rest>`. Collision-free because a user id can never
     contain the separator (validated at ingest: `streams.core.ingest`), so the first `/` always
-    ends the user id; `rest` (a node id, SEEN_CHUNK_KEY + k, or a side row's suffix) may contain
+    ends the user id; `rest` (a node id, or an internal row's suffix: `streams.agents.user_cache`) may contain
     anything."""
     return f"{motebit_id}{NODE_KEY_SEP}{node_id}"
 
@@ -305,12 +305,8 @@ class MemoryStore:
         for node_id in out.node_deletions:
             effects.write(self.state, node_key(motebit_id, node_id), effects.DELETE)
         sealed, dropped = um.seen_changes()
-        for k, rows in sealed.items():
-            effects.write(self.state, node_key(motebit_id, f"{SEEN_CHUNK_KEY}{k}"), rows)
-        for k in dropped:
-            effects.write(self.state, node_key(motebit_id, f"{SEEN_CHUNK_KEY}{k}"), effects.DELETE)
-        side = um.side_changes()  # deleted ids and fingerprints, pins: one small row each
-        for suffix, row in side.items():
+        side = side_rows(um.side_changes())  # deleted ids and fingerprints, pins: one small row each
+        for suffix, row in {**chunk_rows(sealed, dropped), **side}.items():
             effects.write(self.state, node_key(motebit_id, suffix), effects.DELETE if row is None else row)
         # the aux row carries these rows as its redo log: past the budget, the batch is made
         # durable after this record (streams.effects), so the aux row stays bounded

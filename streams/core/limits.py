@@ -18,8 +18,8 @@ Ids (:func:`check_id`): every id — ``motebit_id``/``user_id``, ``candidate_id`
 letter or digit. Why this set: it holds UUIDs, ULIDs, slugs (``mb-ada``), e-mail-like
 (``ada@example.com``) and URN-like (``urn:agent:42``) ids, every sample and seed id; it
 excludes ``/`` (table keys are ``<user>`` and ``<user>/<node>``: a user ``victim/x`` would
-collide with the rows of ``victim``), ``~`` (internal rows live under ``<user>/~seen/``, so no
-node id can name one), whitespace, control characters, ``%`` and ``?``/``#`` (ids appear in
+collide with the rows of ``victim``), ``~`` (the shell names its internal rows ``<user>/~…``,
+so no node id can name one), whitespace, control characters, ``%`` and ``?``/``#`` (ids appear in
 HTTP paths), and anything outside ASCII (no look-alike or normalisation ambiguity between two
 keys that render the same). The first character rules out ``.``/``..`` (path segments a URL
 normalises away) and leading punctuation.
