@@ -313,7 +313,8 @@ def user_state(settings: Settings, user: str, seen_ids: int, ts_ms: int) -> list
     for _ in range(seen_ids):
         um.seen.add(f"c:{uuid.uuid4()}", ts_ms)
     sealed, _dropped = um.seen_changes()  # chunks wholly out of the window are not in `sealed`
-    rows = [(user, node_key(user, rest), orjson.dumps(chunk)) for rest, chunk in chunk_rows(dict(sorted(sealed.items())), []).items()]
+    chunks = chunk_rows(dict(sorted(sealed.items())), [])
+    rows = [(user, node_key(user, rest), orjson.dumps(chunk)) for rest, chunk in chunks.items()]
     return rows + [(user, user, orjson.dumps({**um.aux_record(compact=True), "pending": {}}))]
 
 

@@ -4,8 +4,9 @@ Durable state is two records, both plain dicts the shell keeps in Faust tables:
 
 * the **node records** (``memory.nodes.v1``, key ``motebit_id/node_id``) — live and closed
   (superseded) nodes;
-* one **aux record** per user (:meth:`UserMemory.aux_record`) — what node records cannot carry: fingerprints and ids of deleted nodes (so deleted content is never re-formed and a
-  late ``memory_formed`` of a deleted id never resurrects it), the de-duplication window,
+* one **aux record** per user (:meth:`UserMemory.aux_record`) — what node records cannot carry:
+  fingerprints and ids of deleted nodes (so deleted content is never re-formed and a late
+  ``memory_formed`` of a deleted id never resurrects it), the de-duplication window,
   the Lamport clock of derived events and the latest ``memory_pinned`` per node (also for
   nodes not formed yet, so a pin that overtakes its node still applies).
   It holds no content (fingerprints are SHA-256 of normalized text).
