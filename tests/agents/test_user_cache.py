@@ -40,7 +40,7 @@ from streams.core import IndexConfig, UserMemory, process_candidate, process_eve
 from streams.core.housekeeping import HousekeepingPolicy, sweep_memory
 from streams.core.limits import DEFAULT_LIMITS, id_problem
 
-from .core.test_determinism import _run, _stream
+from tests.core.test_determinism import _run, _stream
 
 MAX_IDS = 50  # a small de-duplication window: sealed chunks and dropped chunks happen
 
