@@ -267,21 +267,21 @@ def worker_families(h: Health | None, lags: list[PartitionLag], table_sizes: dic
     tables = gauge("table_keys", "Keys in each table's locally held partitions.", ("table",))
     for name in sorted(table_sizes):
         tables.add_metric([name], table_sizes[name])
-    scalars = [
+    scalars = [  # (name, help, Health attribute)
         ("recovery_in_progress", "1 while the worker restores table partitions from their changelogs.",
-         h and h.recovery_in_progress),
+         "recovery_in_progress"),
         ("recovery_active_remaining_offsets", "Changelog offsets left to restore for active table partitions.",
-         h and h.active_remaining),
+         "active_remaining"),
         ("recovery_standby_remaining_offsets", "Changelog offsets standby table partitions are behind.",
-         h and h.standby_remaining),
-        ("rebalancing", "1 while the consumer group is rebalancing.", h and h.rebalancing),
-        ("ready", "1 when /health answers ready.", h and h.ready),
+         "standby_remaining"),
+        ("rebalancing", "1 while the consumer group is rebalancing.", "rebalancing"),
+        ("ready", "1 when /health answers ready.", "ready"),
     ]
     out = [committed, highwater, lag, tables]
-    for name, help_text, value in scalars:
+    for name, help_text, attr in scalars:
         fam = gauge(name, help_text)
         if h is not None:
-            fam.add_metric([], float(value))
+            fam.add_metric([], float(getattr(h, attr)))
         out.append(fam)
     problems = gauge("health_problem", "1 while /health names this problem (reason), else 0.", ("reason",))
     assigned = gauge("assigned_partitions", "Partitions assigned to this worker (all topics, changelogs included), "
