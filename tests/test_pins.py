@@ -14,7 +14,7 @@ from .conftest import ROOT
 PINNED = dict(re.findall(r'^\s*"([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M))
 
 
-@pytest.mark.parametrize("dist", ["faust-streaming", "aiokafka", "rocksdict", "confluent-kafka", "fastavro"])
+@pytest.mark.parametrize("dist", ["faust-streaming", "aiokafka", "rocksdict", "confluent-kafka", "fastavro", "prometheus-client"])
 def test_installed_version_is_the_pinned_one(dist):
     assert dist in PINNED, f"{dist} is not pinned with == in pyproject.toml"
     installed = metadata.version(dist)
