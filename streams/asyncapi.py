@@ -9,12 +9,11 @@ for input topics, `send` for output topics. Written as JSON (a valid AsyncAPI se
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from . import __version__, catalog
+from .schemas import SCHEMAS_DIR
 from .settings import Settings
 
-SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
 AVRO_FORMAT = "application/vnd.apache.avro;version=1.9.0"
 
 
