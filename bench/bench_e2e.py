@@ -248,7 +248,11 @@ class PerRecord:
 
 # ------------------------------------------------------------------------------ Quix Streams peer
 QUIX_VENV = Path("bench/.venv-quix")
-QUIX_REQUIREMENTS = ["quixstreams==3.28.1", "numpy", "fastavro"]
+# The memstream code the peer runs (streams.core, streams.contracts.wire) gets the versions of memstream's
+# lock; the whole lock cannot constrain this virtualenv (Quix Streams 3.28.1 needs confluent-kafka<2.13).
+_LOCK_FILE = Path(__file__).resolve().parent.parent / "constraints.txt"
+_LOCK = dict(line.split("==", 1) for line in _LOCK_FILE.read_text().splitlines() if "==" in line and not line.startswith("#"))
+QUIX_REQUIREMENTS = ["quixstreams==3.28.1", f"numpy=={_LOCK['numpy']}", f"fastavro=={_LOCK['fastavro']}"]
 
 
 @dataclass(frozen=True)
