@@ -42,6 +42,7 @@ from faust.types import TP
 from faust.web import Request, Response, View
 
 from streams.api.http import SCOPE_OPS, authenticated
+from streams.runtime.faust_internals import committed_offset
 from streams.runtime.metrics import CONTENT_TYPE, Family, metric_name
 
 if TYPE_CHECKING:
@@ -187,10 +188,9 @@ async def consumer_lag(rt: "Runtime") -> list[PartitionLag]:
     if not tps:
         return []
     consumer = app.consumer
-    committed_map = getattr(consumer, "_committed_offset", {})
     out: dict[TP, PartitionLag] = {}
     for tp in tps:
-        committed = committed_map.get(tp)  # .get: it is a defaultdict, [] would insert None
+        committed = committed_offset(consumer, tp)
         try:
             highwater = consumer.highwater(tp)
         except Exception:  # noqa: BLE001 - not assigned in aiokafka (yet): ask the broker below
