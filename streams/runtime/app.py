@@ -25,7 +25,7 @@ import faust
 from faust.types import TP
 
 from streams.contracts import catalog, deadletter
-from streams.runtime import checkpoint, codecs
+from streams.runtime import checkpoint, codecs, faust_internals
 from streams.runtime.handlers import PipelineHook, Rejected
 from streams.core.partitioning import misrouted, partition_for
 from streams.api.http import PartitionRouter, ServerLimits, api_view, install_server_limits, parse_tokens
@@ -107,8 +107,8 @@ class Runtime:
         self.app.memstream_runtime = self
         # A batch writes its table rows in one burst; Faust's default (pause the stream at 100
         # buffered messages and drain them one by one) would throttle every batch.
-        self.app.producer.buffer.max_messages = max(100, settings.batch_max * 20)
-        self.app.transport.Consumer = RebalanceSafeConsumer  # before anything creates app.consumer
+        faust_internals.set_producer_buffer_max(self.app, max(100, settings.batch_max * 20))
+        faust_internals.install_consumer_class(self.app, RebalanceSafeConsumer)  # before anything creates app.consumer
         self.inputs: dict[str, faust.TopicT] = {}
         self.outputs: dict[str, faust.TopicT] = {}
         for spec in catalog.topics():
@@ -166,11 +166,8 @@ class Runtime:
         # key_type (json when unset), ignoring the schema: the router would then
         # partition the key's JSON-quoted bytes and forward requests to the wrong worker, and
         # the changelog keys would not be the source key bytes. Rebuild it with UTF-8 keys.
-        table.key_serializer = codecs.KEY_CODEC
-        table.value_serializer = "json"
-        table.changelog_topic = table._new_changelog_topic()
+        changelog = faust_internals.rebuild_changelog_topic(table, codecs.KEY_CODEC, "json")
         send_changelog = table.send_changelog
-        changelog = table.changelog_topic
         self._changelogs[changelog.get_topic_name()] = table
 
         def send_changelog_tracked(partition: int | None, key: Any, value: Any, key_serializer: Any = None,
@@ -189,9 +186,10 @@ class Runtime:
                 batch.state_deliveries = self.output_producer.deliveries(on_done=self._persisted)
                 batch.state_acks.append(batch.state_deliveries)
             self.output_producer.produce_now(batch.state_deliveries, changelog.get_topic_name(), k, v, partition)
-            return _Sent(partition)
+            return faust_internals.changelog_sent(partition)
 
-        table.send_changelog = send_changelog_tracked  # the batch waits for it (streams.runtime.checkpoint step 4)
+        # the batch waits for it (streams.runtime.checkpoint step 4)
+        faust_internals.replace_send_changelog(table, send_changelog_tracked)
         # created by the worker before Faust subscribes, as the internal topics are: a changelog
         # missing from the consumer's metadata snapshot reads as 0 partitions, and Faust's check of
         # the first write to the table (`PartitionsMismatch`) then stops the worker
@@ -201,10 +199,10 @@ class Runtime:
         return table
 
     def _persisted(self, offsets: dict[tuple[str, int], int]) -> None:
-        """What Faust does once it has sent a changelog row (`Collection._on_changelog_sent`):
-        remember the offset in the table's local store, so that recovery reads only what follows."""
+        """What Faust does once it has sent a changelog row, for the rows the output producer sent
+        (`faust_internals.mark_changelog_persisted`): recovery then reads only what follows."""
         for (topic, partition), offset in offsets.items():
-            self._changelogs[topic].data.set_persisted_offset(TP(topic, partition), offset)
+            faust_internals.mark_changelog_persisted(self._changelogs[topic], TP(topic, partition), offset)
 
     def internal_topic(self, suffix: str, retention: timedelta | None = None) -> faust.TopicT:
         """An internal topic `<app_id>-<suffix>` (raw bytes, the catalog's partition count),
@@ -427,8 +425,7 @@ class Runtime:
     async def hold_back(events: list[faust.types.EventT]) -> None:
         """A batch taken while the worker stops: never applied, never acknowledged (so never
         committed); this agent waits until the stop cancels it."""
-        for event in events:
-            event.message.acked = True  # Faust's consumer skips an already-acked message
+        faust_internals.mark_acked_without_commit(events)  # Faust's consumer skips an already-acked message
         await asyncio.Event().wait()
 
     async def drain(self, timeout: float = 60.0) -> None:
@@ -461,8 +458,7 @@ class Runtime:
         try:
             yield
         except BaseException as exc:
-            for event in events:
-                event.message.acked = True  # as `hold_back`: never committed
+            faust_internals.mark_acked_without_commit(events)  # as `hold_back`: never committed
             if isinstance(exc, (asyncio.CancelledError, GeneratorExit, KeyboardInterrupt, SystemExit)):
                 raise
             log.critical("agent %s failed on a batch of %d records (%s: %s); stopping the worker without "
@@ -514,16 +510,6 @@ class Runtime:
         return await asyncio.get_running_loop().run_in_executor(None, self.probe.explains, schema_id)
 
 
-class _Sent:
-    """What `Table.on_key_set` reads of a changelog send: the message's partition."""
-
-    __slots__ = ("message", "partition")
-
-    def __init__(self, partition: int) -> None:
-        self.message = self
-        self.partition = partition
-
-
 class _DrainingApp(faust.App):
     """Faust's app, with the memstream runtime drained first when it stops: Faust's own stop
     closes the tables and commits without waiting for a batch that is in flight (its
@@ -547,9 +533,7 @@ def _only_documented_pages(app: faust.App) -> None:
     """Serve none of Faust's built-in blueprints, whatever the settings say (an operator's
     `APP_WEB_*_ENABLED` variable included): with stats off Faust still mounts its production
     index at `/`. Only the views memstream registers (README, "HTTP API") are served."""
-    blueprints = app.web.blueprints
-    blueprints._enabled = [(prefix, bp) for prefix, bp in blueprints._enabled
-                           if not (isinstance(bp, str) and bp.startswith("faust.web.apps."))]
+    faust_internals.drop_builtin_blueprints(app)
 
 
 def _advertised_host(settings: Settings) -> str:

@@ -69,14 +69,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import weakref
-from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterator, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
-from faust import streams as faust_streams
 from faust.stores.base import SerializedStore
 from faust.types import EventT, TableT
+
+from streams.runtime import faust_internals
 
 DELETE = object()  #: a staged value meaning "remove the row"
 
@@ -234,16 +234,8 @@ def current_batch() -> Batch | None:
     return _CURRENT.get()
 
 
-@contextmanager
-def in_event(event: EventT) -> Iterator[None]:
-    """Make `event` Faust's current event (a table write goes to its partition)."""
-    # faust.streams keeps the current event in a module ContextVar holding a weak reference;
-    # the Stream sets it the same way (faust-streaming 0.15.3, pinned in pyproject.toml).
-    token = faust_streams._current_event.set(weakref.ref(event))
-    try:
-        yield
-    finally:
-        faust_streams._current_event.reset(token)
+#: `with in_event(event):` makes `event` Faust's current event (a table write goes to its partition).
+in_event = faust_internals.current_event
 
 
 def record_ack(ack: Awaitable[Any]) -> None:
