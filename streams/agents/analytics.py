@@ -58,11 +58,19 @@ from ..analytics import (
 )
 from ..analytics import to_record as window_record
 from streams.api.http import BadRequest, authenticated, parse_ms
+from streams.runtime.topology import Processor, Timer
 
 if TYPE_CHECKING:
     from streams.runtime.app import Runtime
 
-SOURCES: list[str] = []  # fed by the other agents, reads no topic of its own
+PROCESSOR = Processor(
+    "analytics", __name__,
+    "Windowed activity aggregates, fed in-process by the other processors (Runtime.add_hook: their "
+    "increments and every dead letter); reads no topic of its own.",
+    stores=("analytics",),
+    timers=(Timer("analytics", catalog.MEMORY_CANDIDATES, "publish the changed windows, expire old ones"),),
+    sinks=(catalog.MEMORY_ANALYTICS,),
+)
 WINDOW_PARAM = {"1m": MINUTE, "1h": HOUR}
 PEER_TIMEOUT_S = 5.0  # a fleet summary asks every other worker for its part
 

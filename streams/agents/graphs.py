@@ -22,12 +22,21 @@ from streams.api.http import authenticated
 from streams.runtime.handlers import Rejected
 from ..core.limits import id_problem
 from ..graphs import state as graph_state
+from streams.runtime.topology import Processor, Timer
 
 if TYPE_CHECKING:
     from streams.runtime.app import Runtime
 
 EVENT_ID_HEADER = "memstream.event_id"
-SOURCES = [catalog.GRAPH_EVENTS]
+PROCESSOR = Processor(
+    "graph-state-agent", __name__,
+    "Per-graph execution state; a timer re-evaluates stall flags and republishes the graphs whose flags changed.",
+    sources=(catalog.GRAPH_EVENTS,),
+    stores=("graph-state",),
+    timers=(Timer("graph-stall", catalog.GRAPH_EVENTS, "stall flags of the partition's graphs (MEMSTREAM_GRAPH_STALL_MS)"),),
+    sinks=(catalog.GRAPH_STATE, catalog.DLQ),
+    feeds=("analytics",),
+)
 
 
 def register(rt: "Runtime") -> None:

@@ -29,10 +29,11 @@ import orjson
 
 from streams.contracts import catalog
 from streams.agents import relay_policy
-from streams.agents.memory_store import MemoryStore, UserContained, node_key
+from streams.agents.memory_store import STATE_TABLE, MemoryStore, UserContained, node_key
 from streams.agents.negotiator_calls import NegotiatorCalls
 from streams.runtime import checkpoint
 from streams.runtime.handlers import Rejected
+from streams.runtime.topology import Processor, Timer
 from ..core import (
     ConsolidationPolicy,
     Outcome,
@@ -65,8 +66,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memstream.memory")
 
-SOURCES = [catalog.MEMORY_EVENTS, catalog.MEMORY_CANDIDATES, catalog.MEMORY_TURNS, catalog.NEGOTIATOR_REQUESTS,
-           catalog.ERASE_REQUESTS]
+PROCESSOR = Processor(
+    "memory-consolidate", __name__,
+    "One user's memory: consolidation of events and candidates, the missed-memory audit of turns, "
+    "negotiator remember/forget, erasure steps; decay and retention by a timer.",
+    sources=(catalog.MEMORY_EVENTS, catalog.MEMORY_CANDIDATES, catalog.MEMORY_TURNS, catalog.NEGOTIATOR_REQUESTS,
+             catalog.ERASE_REQUESTS),
+    stores=(STATE_TABLE, "negotiator", "relay-policy"),
+    timers=(Timer("memory-housekeeping", catalog.MEMORY_CANDIDATES,
+                  "decay and retention of the partition's users (MEMSTREAM_HOUSEKEEPING_MAX_ROWS_PER_TICK rows a tick)"),),
+    sinks=(catalog.MEMORY_LEDGER, catalog.MEMORY_RELAY, catalog.MEMORY_QUARANTINE, catalog.MEMORY_NODES,
+           catalog.NEGOTIATOR_REPLIES, catalog.ERASE_REQUESTS, catalog.ERASE_RECEIPTS, catalog.MEMORY_ANALYTICS,
+           catalog.DLQ),
+    internal_sinks=(relay_policy.TOPIC,),
+    feeds=("analytics",),
+)
 KEY_FIELD = {catalog.MEMORY_EVENTS: "motebit_id", catalog.MEMORY_CANDIDATES: "motebit_id",
              catalog.MEMORY_TURNS: "motebit_id", catalog.NEGOTIATOR_REQUESTS: "user_id",
              catalog.ERASE_REQUESTS: "motebit_id"}
@@ -254,5 +268,5 @@ def register(rt: "Runtime") -> MemoryAgent:
             await asyncio.sleep(0)
 
     rt.ticks("memory-housekeeping", catalog.MEMORY_CANDIDATES, housekeeping, cache=store, lock=store.lock)
-    rt.stateful_agent(rt.input_channel(*SOURCES), "memory-consolidate", apply, cache=store, lock=store.lock)
+    rt.stateful_agent(rt.input_channel(*PROCESSOR.sources), "memory-consolidate", apply, cache=store, lock=store.lock)
     return MemoryAgent(store, policy_topic, calls)

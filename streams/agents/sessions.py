@@ -42,12 +42,21 @@ from streams.runtime.handlers import Rejected
 from ..core.limits import id_problem
 from streams.api.http import authenticated
 from ..sessions import lifecycle
+from streams.runtime.topology import Processor
 
 if TYPE_CHECKING:
     from streams.runtime.app import Runtime
 
-SOURCES = [catalog.SESSION_EVENTS]
 TABLE = "session-ledger"
+PROCESSOR = Processor(
+    "session-ledger-agent", __name__,
+    "The per-session compaction ledger (SPEC 4.8): every rule violation a dead letter, the ledger "
+    "republished when it changes.",
+    sources=(catalog.SESSION_EVENTS,),
+    stores=(TABLE,),
+    sinks=(catalog.SESSION_COMPACTIONS, catalog.DLQ),
+    feeds=("analytics",),
+)
 SESSION_MISMATCH = "event.session_mismatch"
 VALIDATE_RULES = (SESSION_MISMATCH, "event.over_limit")
 

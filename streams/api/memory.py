@@ -18,7 +18,9 @@ from faust.web import Request, Response
 
 from streams.contracts import catalog
 from streams.agents.memory_store import MemoryStore, UserContained
+from streams.agents import relay_policy
 from streams.agents.negotiator_calls import NegotiatorCalls
+from streams.runtime.topology import Producer
 from ..core.erasure import erase_request
 from ..core.ingest import REDACTED_CONTENT
 from ..core.limits import LimitExceeded, check_id
@@ -44,6 +46,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("memstream.memory")
 
 NEGOTIATOR_SENSITIVITY = "secret"  #: the level negotiator memories are shown at (they carry none)
+PRODUCER = Producer(
+    "memory HTTP API", __name__,
+    "Writes are records any worker accepts: erasure and negotiator requests (streams/agents/negotiator_calls.py), "
+    "relay-threshold changes.",
+    sinks=(catalog.ERASE_REQUESTS, catalog.NEGOTIATOR_REQUESTS),
+    internal_sinks=(relay_policy.TOPIC,),
+)
 
 
 def register(rt: "Runtime", store: MemoryStore, policy_topic: Any, calls: NegotiatorCalls) -> None:
