@@ -47,7 +47,7 @@ nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from .ids import HOUSEKEEPING, event_id_for, input_reference
 from .nodes import (
@@ -59,6 +59,9 @@ from .nodes import (
 )
 from .state import Pin, UserMemory
 from .vocabulary import SENSITIVITY_LEVELS, is_sensitivity
+
+if TYPE_CHECKING:
+    from .process import Outcome
 
 #: Reasons returned by :func:`prune_reason` / :func:`sweep`.
 REASON_DECAYED = "decayed"
@@ -176,7 +179,7 @@ def deletion_event(motebit_id: str, node_id: str, now_ms: int, version_clock: in
     }
 
 
-def sweep_memory(memory: UserMemory, now_ms: int, policy: HousekeepingPolicy | None = None):
+def sweep_memory(memory: UserMemory, now_ms: int, policy: HousekeepingPolicy | None = None) -> "Outcome":
     """Run housekeeping on one user's state: erase every expired node (its fingerprint and
     id are remembered, so it never re-forms) and return an
     :class:`~streams.core.process.Outcome` with one ``memory_deleted`` per node on the ledger
@@ -194,7 +197,8 @@ def sweep_memory(memory: UserMemory, now_ms: int, policy: HousekeepingPolicy | N
     return out
 
 
-def sweep(nodes_or_memory, now_ms: int, policy: HousekeepingPolicy | None = None):
+def sweep(nodes_or_memory: UserMemory | Iterable[Mapping[str, Any]], now_ms: int,
+          policy: HousekeepingPolicy | None = None) -> "Outcome | list[tuple[str, str]]":
     """Housekeeping selection.
 
     * ``sweep(nodes, now_ms, policy) -> list[(node_id, reason)]`` for any iterable of node

@@ -113,9 +113,9 @@ class UserMemory:
                 if key.startswith(SEEN_CHUNK_KEY):
                     target, ident = chunks, int(key[len(SEEN_CHUNK_KEY):])
                 elif key.startswith(SIDE_PREFIXES):
-                    target, ident = side, key
+                    target, ident = side, key  # type: ignore[assignment]  # three kinds of rows, one update
                 else:
-                    target, ident = by_id, key
+                    target, ident = by_id, key  # type: ignore[assignment]
                 if row is None:
                     target.pop(ident, None)
                 else:

@@ -108,7 +108,7 @@ class Runtime:
         # A batch writes its table rows in one burst; Faust's default (pause the stream at 100
         # buffered messages and drain them one by one) would throttle every batch.
         self.app.producer.buffer.max_messages = max(100, settings.batch_max * 20)
-        self.app.transport.Consumer = RebalanceSafeConsumer  # before anything creates app.consumer
+        self.app.transport.Consumer = RebalanceSafeConsumer  # type: ignore[misc]  # before anything creates app.consumer
         self.inputs: dict[str, faust.TopicT] = {}
         self.outputs: dict[str, faust.TopicT] = {}
         for spec in catalog.topics():
@@ -147,6 +147,7 @@ class Runtime:
         self.probe: "WorkerProbe | None" = None
         #: topic -> (since, why) of an agent waiting on one record (reported by /health)
         self.stalls: dict[str, tuple[float, str]] = {}
+        self.recovery_progress: tuple[int, float] | None = None  # api/health.py: (offsets left, since)
 
     def input_channel(self, *names: str) -> faust.TopicT:
         """One channel over several co-partitioned input topics (raw bytes, decoded by `guard`)."""
@@ -166,9 +167,9 @@ class Runtime:
         # key_type (json when unset), ignoring the schema: the router would then
         # partition the key's JSON-quoted bytes and forward requests to the wrong worker, and
         # the changelog keys would not be the source key bytes. Rebuild it with UTF-8 keys.
-        table.key_serializer = codecs.KEY_CODEC
-        table.value_serializer = "json"
-        table.changelog_topic = table._new_changelog_topic()
+        table.key_serializer = codecs.KEY_CODEC  # type: ignore[attr-defined]
+        table.value_serializer = "json"  # type: ignore[attr-defined]
+        table.changelog_topic = table._new_changelog_topic()  # type: ignore[attr-defined]
         send_changelog = table.send_changelog
         changelog = table.changelog_topic
         self._changelogs[changelog.get_topic_name()] = table
@@ -182,16 +183,16 @@ class Runtime:
                 checkpoint.record_state_ack(fut)
                 return fut
             # a batch's rows go through the output producer too (same bytes as Faust's send)
-            k = changelog.prepare_key(key, key_serializer or table.key_serializer, None, None)[0]
-            v = None if value is None else changelog.prepare_value(
-                value, value_serializer or table.value_serializer, None, None)[0]
+            k = changelog.prepare_key(key, key_serializer or table.key_serializer, None, None)[0]  # type: ignore[attr-defined, call-arg]
+            v = None if value is None else changelog.prepare_value(  # type: ignore[call-arg]
+                value, value_serializer or table.value_serializer, None, None)[0]  # type: ignore[attr-defined]
             if batch.state_deliveries is None:
                 batch.state_deliveries = self.output_producer.deliveries(on_done=self._persisted)
                 batch.state_acks.append(batch.state_deliveries)
             self.output_producer.produce_now(batch.state_deliveries, changelog.get_topic_name(), k, v, partition)
             return _Sent(partition)
 
-        table.send_changelog = send_changelog_tracked  # the batch waits for it (streams.runtime.checkpoint step 4)
+        table.send_changelog = send_changelog_tracked  # type: ignore[method-assign]  # the batch waits for it (streams.runtime.checkpoint step 4)
         # created by the worker before Faust subscribes, as the internal topics are: a changelog
         # missing from the consumer's metadata snapshot reads as 0 partitions, and Faust's check of
         # the first write to the table (`PartitionsMismatch`) then stops the worker
@@ -204,7 +205,7 @@ class Runtime:
         """What Faust does once it has sent a changelog row (`Collection._on_changelog_sent`):
         remember the offset in the table's local store, so that recovery reads only what follows."""
         for (topic, partition), offset in offsets.items():
-            self._changelogs[topic].data.set_persisted_offset(TP(topic, partition), offset)
+            self._changelogs[topic].data.set_persisted_offset(TP(topic, partition), offset)  # type: ignore[attr-defined]
 
     def internal_topic(self, suffix: str, retention: timedelta | None = None) -> faust.TopicT:
         """An internal topic `<app_id>-<suffix>` (raw bytes, the catalog's partition count),
@@ -239,7 +240,7 @@ class Runtime:
 
         async def handle(event: faust.types.EventT) -> bool:
             try:
-                await handler(event.message.partition, int(event.message.value))
+                await handler(event.message.partition, int(event.message.value))  # type: ignore[arg-type]
                 return True
             except Exception:  # noqa: BLE001 - a failed sweep must not stop the worker
                 log.exception("%s tick on partition %s failed", name, event.message.partition)
@@ -305,12 +306,12 @@ class Runtime:
         """One encoded record through the output producer, acknowledged with the current batch."""
         batch = checkpoint.current_batch()
         if batch is None:
-            await self.output_producer.send_and_wait(topic_name, key, value, headers)
+            await self.output_producer.send_and_wait(topic_name, key, value, headers)  # type: ignore[union-attr]
             return
         if batch.deliveries is None:
-            batch.deliveries = self.output_producer.deliveries()
+            batch.deliveries = self.output_producer.deliveries()  # type: ignore[union-attr]
             batch.acks.append(batch.deliveries)
-        await self.output_producer.produce(batch.deliveries, topic_name, key, value, headers)
+        await self.output_producer.produce(batch.deliveries, topic_name, key, value, headers)  # type: ignore[union-attr]
 
     async def dead_letter(self, event: faust.types.EventT, stage: str, reason: str, error_class: str,
                           keep_value: bool = True) -> None:
@@ -492,10 +493,10 @@ class Runtime:
                     if not await self._registry_changed(value):
                         raise  # the record's fault: the caller dead-letters it
                     self._stalled(topic, f"a {topic} record waits for the schema registry to map its ids as before")
-                    await self.probe.wait_consistent()
+                    await self.probe.wait_consistent()  # type: ignore[union-attr]
                     continue
                 if waited and await self._registry_changed(None):  # reconnected: is it the same registry?
-                    await self.probe.wait_consistent()
+                    await self.probe.wait_consistent()  # type: ignore[union-attr]
                     waited = False
                     continue
                 return record

@@ -89,13 +89,13 @@ class Metrics:
             names, help_text = FAMILY_LABELS.get(family, (("label",), f"Events counted as {family!r}, by label."))
             fam = Family(metric_name(f"{family}_total"), "counter", help_text)
             for label in sorted(labels_of):
-                fam.add(dict(zip(names, _split_label(label, len(names)))), labels_of[label])
+                fam.add(dict(zip(names, _split_label(label, len(names)), strict=True)), labels_of[label])
             out.append(fam)
         hist = Family(metric_name("processing_seconds"), "histogram",
                       "Seconds a handler took to apply one decoded input record, by input topic.")
         for topic in sorted(self.latency):
             counts = self.latency[topic]
-            for upper, count in zip((*LATENCY_BUCKETS, math.inf), counts):
+            for upper, count in zip((*LATENCY_BUCKETS, math.inf), counts, strict=True):
                 hist.add({"topic": topic, "le": format_value(upper)}, count, suffix="_bucket")
             hist.add({"topic": topic}, self.latency_sum[topic], suffix="_sum")
             hist.add({"topic": topic}, counts[-1], suffix="_count")

@@ -19,7 +19,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     """Faust's consumer thread whose worker consumer skips aborted transactions."""
 
-    def _create_worker_consumer(self, transport):  # type: ignore[no-untyped-def]
+    def _create_worker_consumer(self, transport):
         consumer = super()._create_worker_consumer(transport)
         consumer._isolation_level = "read_committed"  # read by aiokafka when it starts its fetcher
         return consumer
