@@ -96,7 +96,7 @@ def test_ship_once_delivers_every_line_exactly_once_and_dead_letters_bad_lines(s
     name = graph_events_filename(runs[0].graph_id)
     letters = read_to_end(stack, catalog.DLQ, {name.encode()})
     assert len(letters) == len(bad) + 1
-    for m, (line, kind) in zip(letters, bad, strict=True):
+    for m, (line, kind) in zip(letters[:-1], bad, strict=True):  # the last: the wrong file, below
         rec = m["value"]
         assert rec["error_class"] == f"ship.{kind}" and rec["stage"] == "ship" and kind in rec["reason"]
         assert rec["original_topic"] == f"file:{name}" and rec["original_value"] == line.rstrip("\n").encode()
