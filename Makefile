@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-faults bench browser stack-up stack-down clean lock
+.PHONY: demo test lint test-faults bench browser stack-up stack-down clean lock
 
 # pyproject.toml holds the ranges, constraints.txt the exact versions (the lock): see README, "Install"
 $(STAMP): pyproject.toml constraints.txt
@@ -24,8 +24,15 @@ lock: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/memstream demo
 
-test: $(STAMP) browser
+# lint first: a finding fails `make test` (and so CI) before the suite starts
+test: $(STAMP) lint browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ruff (rules in pyproject.toml) then mypy (files and strictness in pyproject.toml); the
+# mechanical fixes ruff asks for (import order, pyupgrade, absolute imports): scripts/lint-fix.sh
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # the fault suite against a single-worker reference (opt-in: see tests/conftest.py)
 test-faults: $(STAMP)
@@ -44,4 +51,4 @@ stack-down: $(STAMP)
 	$(VENV)/bin/memstream dev down
 
 clean:
-	rm -rf $(VENV) .memstream var .pytest_cache
+	rm -rf $(VENV) .memstream var .pytest_cache .mypy_cache .ruff_cache

@@ -159,7 +159,7 @@ def run(sizes: list[int], decisions: int, dim: int, brute: int, seed: int, confi
             brute_rate = len(sample) / (time.perf_counter() - t1)
             agree = sum(
                 (d.action, d.existing_node_id) == (e.action, e.existing_node_id)
-                for d, e in zip((indexed.decide(c, um, policy) for c in sample), exact)
+                for d, e in zip((indexed.decide(c, um, policy) for c in sample), exact, strict=True)
             )
         rows.append({
             "live_nodes": n, "embedding_dim": dim, "build_s": build_s,

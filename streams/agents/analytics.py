@@ -143,7 +143,7 @@ def register(rt: "Runtime") -> None:
 
     # registered first: aiohttp matches in order, so /summary is not taken for a motebit_id
     @app.page("/v1/analytics/summary")
-    class FleetSummary(rt.View):
+    class FleetSummary(rt.View):  # type: ignore[name-defined]
         @authenticated
         async def get(self, request: Request, allowed: str) -> Response:
             """This worker's subjects; with ?scope=fleet, merged with every other worker's."""
@@ -169,7 +169,7 @@ def register(rt: "Runtime") -> None:
             return self.reply(merge_summaries(parts))
 
     @app.page("/v1/analytics/{motebit_id}")
-    class UserAnalytics(rt.View):
+    class UserAnalytics(rt.View):  # type: ignore[name-defined]
         @authenticated
         async def get(self, request: Request, motebit_id: str, allowed: str) -> Response:
             return await self.route(request, table, motebit_id, lambda: self._local(request, motebit_id))

@@ -82,7 +82,7 @@ def register(rt: "Runtime") -> None:
     rt.ticks("graph-stall", catalog.GRAPH_EVENTS, stall_sweep, lock=lock)
 
     @app.page("/v1/graphs/{graph_id}")
-    class GraphView(rt.View):
+    class GraphView(rt.View):  # type: ignore[name-defined]
         @authenticated
         async def get(self, request: Request, graph_id: str, allowed: str) -> Response:
             return await self.route(request, table, graph_id, lambda: self._local(graph_id))

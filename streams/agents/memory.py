@@ -244,8 +244,8 @@ def register(rt: "Runtime") -> MemoryAgent:
         await cp.send(catalog.ERASE_RECEIPTS, key, step.receipt)
         rt.count("erase:receipts")
         log.warning("erasure %s of %s complete: %d nodes, %d negotiator memories, relay policy %s (%d steps)",
-                    request["request_id"], key, step.receipt["nodes_erased"], step.receipt["negotiator_memories_erased"],
-                    "removed" if step.remove_relay_policy else "none", step.receipt["steps"])
+                    request["request_id"], key, step.receipt["nodes_erased"], step.receipt["negotiator_memories_erased"],  # type: ignore[index]
+                    "removed" if step.remove_relay_policy else "none", step.receipt["steps"])  # type: ignore[index]
 
     slices = SweepSlices(rt.settings.housekeeping_max_rows_per_tick)
 

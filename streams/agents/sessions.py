@@ -89,7 +89,7 @@ def register(rt: "Runtime") -> None:
     rt.stateful_agent(rt.inputs[catalog.SESSION_EVENTS], "session-ledger-agent", handle)
 
     @app.page("/v1/sessions/{session_id}/compactions")
-    class SessionCompactions(rt.View):
+    class SessionCompactions(rt.View):  # type: ignore[name-defined]
         @authenticated
         async def get(self, request: Request, session_id: str, allowed: str) -> Response:
             return await self.route(request, table, session_id, lambda: self._local(session_id))

@@ -40,7 +40,7 @@ _AFTER_SEP = bytes([_SEP[0] + 1])  # the first byte sorting after every `<user>/
 def _active(store: Any, table: TableT, partition: int) -> bool:
     """Whether the partition is active here: the table's own `items()` reads only those
     (`Store._dbs_for_actives`: a standby copy is not read)."""
-    tp = TP(topic=table.changelog_topic_name, partition=partition)
+    tp = TP(topic=table.changelog_topic_name, partition=partition)  # type: ignore[attr-defined]
     return table.is_global or tp in store.app.assignor.assigned_actives()
 
 
@@ -117,8 +117,8 @@ def users_rows(table: TableT, partition: int, partition_of, after: str | None = 
         for user in sorted(grouped):
             rows = grouped.pop(user)
             if after is None or user > after:
-                yield user, (lambda rows=rows: rows)
+                yield user, (lambda rows=rows: rows)  # type: ignore[misc]
         return
     for user in sorted(partition_users(table, partition, partition_of)):
         if after is None or user > after:
-            yield user, (lambda user=user: user_rows(table, user, partition))
+            yield user, (lambda user=user: user_rows(table, user, partition))  # type: ignore[misc]

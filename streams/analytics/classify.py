@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from streams.contracts import catalog
 from ..core.limits import DEFAULT_LIMITS, is_valid_id
@@ -66,13 +66,13 @@ USER, SESSION, GRAPH, UNKNOWN = "user", "session", "graph", "unknown"
 SUBJECT_KINDS = (USER, SESSION, GRAPH, UNKNOWN)
 DELETED_REASON = "deleted"
 
-_LEDGER_COUNTERS = {
+_LEDGER_COUNTERS: dict[str | None, str] = {  # looked up with what an event carries, maybe nothing
     "memory_formed": "formed",
     "memory_accessed": "accessed",
     "memory_deleted": "deleted",
     "memory_promoted": "promoted",
 }
-_ACTION_COUNTERS = {"merge": "merged", "supersede": "superseded"}
+_ACTION_COUNTERS: dict[str | None, str] = {"merge": "merged", "supersede": "superseded"}
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def routing_key(subject: str) -> str | None:
     return subject
 
 
-def subject_partition(subject: str, partition_of) -> int | None:
+def subject_partition(subject: str, partition_of: Callable[[str], int]) -> int | None:
     """The partition that owns ``subject``: ``partition_of(routing_key)`` (the shell passes
     ``Runtime.partition_of``), or ``p`` for ``(unknown):<p>``; None for a bare ``(unknown)``."""
     key = routing_key(subject)
@@ -276,6 +276,7 @@ def classify_compaction(previous: Mapping[str, Any] | None, current: Mapping[str
     ...}``); ``previous`` None = a new session. Nothing when the delta is zero or ``current`` is
     not newer (``lastSeq``) than ``previous`` (a redelivery)."""
     cur = _ledger_record(current)
+    assert cur is not None  # current is not None
     prev = _ledger_record(previous)
     sid = cur.get("sessionId")
     if not isinstance(sid, str):

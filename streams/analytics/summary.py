@@ -112,15 +112,15 @@ def summarize(states: Iterable[Mapping[str, Any] | None], *, window: str = HOUR,
     if window not in SIZES:
         raise ValueError(f"window must be one of {', '.join(SIZES)}")
     out = _empty(window, since_ms, until_ms)
-    states = [s for s in states if s is not None]
-    for s in states:
+    present = [s for s in states if s is not None]
+    for s in present:
         for size in SIZES:
             out["too_late"][size] += int(s["too_late"].get(size, 0))
         out["too_early"] += int(s.get("too_early", 0))
         out["duplicates"] += int(s.get("duplicates", 0))
         if s.get("clock") is not None:
             out["clock"] = s["clock"] if out["clock"] is None else max(out["clock"], s["clock"])
-    records = (to_record(s["subject"], w) for s in states for w in s["windows"].values())
+    records = (to_record(s["subject"], w) for s in present for w in s["windows"].values())
     return _fold(out, records, top)
 
 

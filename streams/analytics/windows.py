@@ -244,7 +244,7 @@ def partition_clock(states: Iterable[Mapping[str, Any] | None]) -> int | None:
     """The greatest clock of the given states (one partition's subjects): pass it as
     ``clock_ms`` to :func:`expire` so idle subjects' windows expire too, and to
     :func:`new_state` for a subject first seen on that partition."""
-    clocks = [s.get("clock") for s in states if s is not None and s.get("clock") is not None]
+    clocks = [c for s in states if s is not None and (c := s.get("clock")) is not None]
     return max(clocks) if clocks else None
 
 

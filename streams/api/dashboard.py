@@ -266,7 +266,7 @@ def register(rt: "Runtime") -> None:
     try:
         from streams.api.health import consumer_lag
     except ImportError:  # pragma: no cover - the ops module ships with the worker
-        consumer_lag = None
+        consumer_lag = None  # type: ignore[assignment]
     inputs = {t.name for t in catalog.topics() if t.direction == "in"}
 
     def actives_of(table_name: str) -> set[int]:
@@ -339,7 +339,7 @@ def register(rt: "Runtime") -> None:
             return self.html(html, headers=dict(PAGE_HEADERS))
 
     @app.page("/v1/dashboard/data")
-    class DashboardData(rt.View):
+    class DashboardData(rt.View):  # type: ignore[name-defined]
         @authenticated  # any level may read it: counts only, never content
         async def get(self, request: Request, allowed: str) -> Response:
             scope = request.query.get("scope", "fleet")
@@ -361,7 +361,7 @@ def register(rt: "Runtime") -> None:
             peers = sorted({str(u).rstrip("/") for u in app.router.tables_metadata()} - {here()})
             answers = await asyncio.gather(*(peer_get(f"{u}/v1/dashboard/data?scope=local&top={top}", auth) for u in peers),
                                            return_exceptions=True)
-            for url, ans in zip(peers, answers):
+            for url, ans in zip(peers, answers, strict=True):
                 if isinstance(ans, BaseException):
                     workers.append({"worker": None, "url": url, "ok": False,
                                     "error": f"{type(ans).__name__}: {ans}" if str(ans) else type(ans).__name__})
@@ -374,6 +374,6 @@ def register(rt: "Runtime") -> None:
                     summaries = await user_summaries(user, auth)
                 except Exception as exc:  # noqa: BLE001
                     return self.unavailable(f"analytics of {user} unavailable: {exc}")
-            data = assemble(parts, now_ms=int(time.time() * 1000), user=user, user_summaries=summaries,
+            data = assemble(parts, now_ms=int(time.time() * 1000), user=user, user_summaries=summaries,  # type: ignore[arg-type]
                             workers=workers, top=top)
             return self.reply(data)

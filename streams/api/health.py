@@ -129,7 +129,7 @@ def _problems(rt: "Runtime", in_recovery: bool, remaining: int) -> list[dict]:
         if probe.broker_error:
             out.append(problem("broker_unreachable", probe.broker_error))
     now = time.monotonic()
-    for topic, (since, why) in sorted(getattr(rt, "stalls", {}).items()):
+    for _topic, (since, why) in sorted(getattr(rt, "stalls", {}).items()):
         out.append(problem("agent_stalled", f"{why}, for {now - since:.0f} s"))
     stall_s = getattr(getattr(rt, "settings", None), "recovery_stall_s", 120.0)
     last = getattr(rt, "recovery_progress", None)
@@ -158,7 +158,7 @@ def _sources(app, tps) -> list[TP]:
 
 def health(rt: "Runtime") -> Health:
     app = rt.app
-    recovery = app.tables.recovery
+    recovery = app.tables.recovery  # type: ignore[attr-defined]
     completed = recovery.completed.is_set()
     in_recovery = bool(recovery.in_recovery)
     active_remaining = int(recovery.active_remaining_total())
@@ -328,7 +328,7 @@ def register(rt: "Runtime") -> None:
             return self.bytes(rt.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     @app.page("/v1/cluster/assignment")
-    class AssignmentView(rt.View):  # the `ops` scope: worker URLs are topology, not for tenants
+    class AssignmentView(rt.View):  # type: ignore[name-defined]  # the `ops` scope: worker URLs are topology, not for tenants
         @authenticated(scope=SCOPE_OPS)
         async def get(self, request: Request, allowed: str) -> Response:
             """{worker url: {changelog topic: [active partitions]}}: which worker owns which key

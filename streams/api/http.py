@@ -179,7 +179,7 @@ def parse_tokens(spec: str) -> dict[str, Token]:
             if not isinstance(e, dict) or set(e) - {"token", "level", "scopes", "users", "name"}:
                 raise _settings_error(f"MEMSTREAM_API_TOKENS token#{i}: an object with token, level, "
                                       "scopes?, users?, name?")
-            secret, tok = _token(e.get("token"), e.get("level"), e.get("scopes"), e.get("users"), e.get("name"),
+            secret, tok = _token(e.get("token"), e.get("level"), e.get("scopes"), e.get("users"), e.get("name"),  # type: ignore[arg-type]
                                  f"token#{i}")
             tokens[secret] = tok
         return _unique_names(tokens)
@@ -285,7 +285,7 @@ class ApiView(View):
     def reply(self, data: Any, status: int = 200) -> Response:
         return self.bytes(json_body(data), content_type="application/json", status=status)
 
-    def error(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
+    def error(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:  # type: ignore[override]
         return self.bytes(json_body({"error": message}), content_type="application/json", status=status,
                           headers=dict(headers) if headers else None)
 
@@ -310,8 +310,8 @@ class ApiView(View):
         """503 while this worker's partitions are moving or being recovered: its local state may
         be incomplete, and the partition may not even be its own any more. Clients retry."""
         app = self.app
-        if getattr(app, "rebalancing", False) or app.tables.recovery.in_recovery \
-                or not app.tables.recovery.completed.is_set():
+        recovery = app.tables.recovery  # type: ignore[attr-defined]  # Faust's TableManager has it, TableManagerT not
+        if getattr(app, "rebalancing", False) or recovery.in_recovery or not recovery.completed.is_set():
             return self.unavailable("this worker is rebalancing or recovering its partitions; retry shortly")
         return None
 
@@ -331,7 +331,7 @@ class ApiView(View):
             raise BadRequest("body must be a JSON object")
         return data
 
-    async def route(self, request: Request, table: Any, key: str,
+    async def route(self, request: Request, table: Any, key: str,  # type: ignore[override]
                     local: Callable[[], Awaitable[Response]]) -> Response:
         """Answer locally when this worker owns `key`'s partition of `table` (503 while it is
         still recovering it), else forward the whole request (method, headers and body — Faust's
@@ -346,7 +346,7 @@ class ApiView(View):
             return self.settling() or await local()
         if request.headers.get(FORWARDED_HEADER):
             return self.unavailable("the partition owner is moving (the forwarding worker and this one disagree); retry")
-        url = request.url.with_scheme(dest.scheme or "http").with_host(dest.host).with_port(int(dest.port))
+        url = request.url.with_scheme(dest.scheme or "http").with_host(dest.host).with_port(int(dest.port))  # type: ignore[arg-type]
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
         headers[FORWARDED_HEADER] = "1"
         try:
@@ -357,7 +357,7 @@ class ApiView(View):
                 relayed = {k: resp.headers[k] for k in ("Retry-After",) if k in resp.headers}
                 return self.bytes(body, content_type=resp.content_type, status=resp.status, headers=relayed or None)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            log.warning("forwarding %s %s to %s failed: %r", request.method, request.path, dest, exc)
+            log.warning("forwarding %s %s to %s failed: %r", request.method, request.path, dest, exc)  # type: ignore[attr-defined]
             return self.unavailable(f"the partition owner {dest} did not answer; retry")
 
     def caller(self, request: Request) -> Token:
@@ -391,7 +391,7 @@ def authenticated(fun: Callable[..., Awaitable[Response]] | None = None, *,
             try:
                 permit(token, scope=scope, user=user)
             except Forbidden as exc:
-                log.info("%s %s refused to token %s: %s", request.method, request.path, token.name, exc)
+                log.info("%s %s refused to token %s: %s", request.method, request.path, token.name, exc)  # type: ignore[attr-defined]
                 return self.error(403, str(exc))
             if wants_token:
                 kwargs["token"] = token

@@ -60,7 +60,7 @@ def register(rt: "Runtime", store: MemoryStore, policy_topic: Any, calls: Negoti
     limits = rt.settings.limits()
 
     @app.page("/v1/memory/{motebit_id}/nodes")
-    class UserNodes(rt.View):
+    class UserNodes(rt.View):  # type: ignore[name-defined]
         @authenticated
         async def get(self, request: Request, motebit_id: str, allowed: str) -> Response:
             return await self.route(request, store.state, motebit_id, lambda: self._local(request, motebit_id, allowed))
@@ -85,7 +85,7 @@ def register(rt: "Runtime", store: MemoryStore, policy_topic: Any, calls: Negoti
             return self.reply({"motebit_id": motebit_id, "as_of": as_of, "nodes": shown})
 
     @app.page("/v1/memory/{motebit_id}/nodes/{node_id}")
-    class OneNode(rt.View):
+    class OneNode(rt.View):  # type: ignore[name-defined]
         @authenticated
         async def get(self, request: Request, motebit_id: str, node_id: str, allowed: str) -> Response:
             return await self.route(request, store.state, motebit_id, lambda: self._local(motebit_id, node_id, allowed))
@@ -100,7 +100,7 @@ def register(rt: "Runtime", store: MemoryStore, policy_topic: Any, calls: Negoti
             return self.reply(mask_node(node, allowed))
 
     @app.page("/v1/relay/{motebit_id}/threshold")
-    class RelayThreshold(rt.View):
+    class RelayThreshold(rt.View):  # type: ignore[name-defined]
         @authenticated(scope=SCOPE_ADMIN)
         async def put(self, request: Request, motebit_id: str, allowed: str, token: Token) -> Response:
             try:
@@ -123,7 +123,7 @@ def register(rt: "Runtime", store: MemoryStore, policy_topic: Any, calls: Negoti
             return self.reply({"motebit_id": motebit_id, "threshold": level})
 
     @app.page("/v1/memory/{motebit_id}/erase")
-    class Erase(rt.View):
+    class Erase(rt.View):  # type: ignore[name-defined]
         @authenticated(scope=SCOPE_ADMIN)
         async def post(self, request: Request, motebit_id: str, allowed: str, token: Token) -> Response:
             """Queue the erasure of a user (streams/core/erasure.py): 202 with the request id;
@@ -162,7 +162,7 @@ def register(rt: "Runtime", store: MemoryStore, policy_topic: Any, calls: Negoti
             result = {**result, "candidates": [masked(v) for v in result["candidates"]]}
         return result
 
-    class NegotiatorView(rt.View):
+    class NegotiatorView(rt.View):  # type: ignore[name-defined]
         op = ""
 
         @authenticated(scope=SCOPE_NEGOTIATOR)

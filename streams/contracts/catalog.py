@@ -156,6 +156,6 @@ def markdown_table(settings: Settings | None = None) -> str:
             f"| `{t.name}` | {t.direction} | `{t.key}` | `schemas/{t.value_schema}.avsc` | "
             f"{t.cleanup_policy} | {t.partitions(settings)} | {retention} |"
         )
-    for t in REGISTRY_TOPICS:
-        rows.append(f"| `{t.name}` | registry | – | (Apicurio KafkaSQL storage) | delete | 1 | never expires |")
+    for r in REGISTRY_TOPICS:
+        rows.append(f"| `{r.name}` | registry | – | (Apicurio KafkaSQL storage) | delete | 1 | never expires |")
     return "\n".join(rows)

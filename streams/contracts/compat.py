@@ -78,7 +78,7 @@ def sample_records(schema: dict[str, Any], seed: int = 0, random_extra: int = 16
     ``(full_name, value)`` tuples so that the writer takes exactly that branch; ``untag`` removes them.
     """
     sampler = _Sampler(named_types(schema), random.Random(seed))
-    records = []
+    records: list[Any] = []
     while len(records) < limit and (not records or not sampler.covered()):
         records.append(sampler.value(schema, "$", 0, cycle=True))
     records.extend(sampler.value(schema, "$", 0, cycle=False) for _ in range(random_extra))
@@ -225,7 +225,7 @@ def _first_unreadable(writer: SchemaVersion, reader: SchemaVersion) -> str | Non
         buf.seek(0)
         try:
             schemaless_reader(buf, writer.parsed, reader.parsed)
-        except Exception as exc:  # fastavro raises SchemaResolutionError, but also KeyError/TypeError on odd schemas
+        except Exception as exc:  # noqa: BLE001 -- fastavro raises SchemaResolutionError, but also KeyError/TypeError on odd schemas
             who = f"{reader.version} reader cannot read {writer.version} data"
             return f"{who}: {type(exc).__name__}: {exc}"
     return None

@@ -49,7 +49,7 @@ def dead_letter(origin: Origin, *, stage: str, reason: str, error_class: str, fa
             reason = f"[value of {len(value)} bytes not copied: over MEMSTREAM_DLQ_MAX_COPY_BYTES] {reason}"
             value = None
         if 2 * len(key or b"") > max_copy_bytes:
-            reason = (f"[key of {len(key)} bytes not copied (sha256 {hashlib.sha256(key).hexdigest()}): "
+            reason = (f"[key of {len(key)} bytes not copied (sha256 {hashlib.sha256(key).hexdigest()}): "  # type: ignore[arg-type]
                       f"over MEMSTREAM_DLQ_MAX_COPY_BYTES] {reason}")
             key = None
     return {

@@ -137,7 +137,7 @@ def typescript() -> str:
     for stem in sorted(current):
         parsed = parse_schema(json.loads(current[stem].registry_text), _write_hint=False)
         emitter.collect(parsed)
-        roots[stem] = parsed["name"]
+        roots[stem] = parsed["name"]  # type: ignore[call-overload, index]
     shorts = [emitter.short(n) for n in emitter.named]
     clash = {s for s in shorts if shorts.count(s) > 1}
     if clash:

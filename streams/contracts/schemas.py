@@ -69,7 +69,7 @@ class SchemaVersion:
         """Parse a schema given as JSON data; raises fastavro's errors on an invalid schema."""
         parsed = parse_schema(source, named_schemas={})
         canonical = to_parsing_canonical_form(parsed)
-        return cls(stem, version, source, parsed, canonical, bytes.fromhex(_fingerprint_hex(canonical, "CRC-64-AVRO")))
+        return cls(stem, version, source, parsed, canonical, bytes.fromhex(_fingerprint_hex(canonical, "CRC-64-AVRO")))  # type: ignore[arg-type]
 
     @property
     def name(self) -> str:

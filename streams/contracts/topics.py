@@ -54,7 +54,7 @@ def apply(settings: Settings, admin: AdminClient | None = None, timeout: float =
     admin = admin or admin_client(settings)
     try:
         md = admin.list_topics(timeout=timeout)
-    except Exception as exc:  # KafkaException: broker unreachable
+    except Exception as exc:  # noqa: BLE001 -- KafkaException: broker unreachable
         raise TopicError(f"cannot reach Kafka at {settings.broker} ({exc}); is the stack up? try `memstream dev up`") from None
     missing = [t for t in catalog.topics() if t.name not in md.topics]
     existing = [t for t in catalog.topics() if t.name in md.topics]
@@ -88,7 +88,7 @@ def apply_registry(settings: Settings) -> dict[str, int]:
     for spec in catalog.topics():
         subject = f"{spec.name}-value"
         try:
-            factory.registry.set_compatibility(subject_name=subject, level=COMPATIBILITY)
+            factory.registry.set_compatibility(subject_name=subject, level=COMPATIBILITY)  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - registry unreachable or refusing
             raise TopicError(f"could not set {COMPATIBILITY} on subject {subject} at {settings.registry_url}: {exc}") from None
         try:
@@ -106,7 +106,7 @@ def _drift(settings: Settings, admin: AdminClient, specs: list[catalog.TopicSpec
     out: list[Drift] = []
     resources = [ConfigResource(ConfigResource.Type.TOPIC, t.name) for t in specs]
     configs = admin.describe_configs(resources, request_timeout=timeout)
-    for spec, res in zip(specs, resources):
+    for spec, res in zip(specs, resources, strict=True):
         actual_parts = len(md.topics[spec.name].partitions)
         if actual_parts != spec.partitions(settings):
             out.append(Drift(spec.name, "partition count", str(spec.partitions(settings)), str(actual_parts)))
@@ -126,7 +126,7 @@ def missing_topics(settings: Settings, admin: AdminClient | None = None, timeout
     admin = admin or admin_client(settings)
     try:
         md = admin.list_topics(timeout=timeout)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 -- KafkaException: broker unreachable
         raise TopicError(f"cannot reach Kafka at {settings.broker} ({exc}); is the stack up? try `memstream dev up`") from None
     return [t.name for t in catalog.topics() if t.name not in md.topics]
 
@@ -140,7 +140,7 @@ def ensure_internal(settings: Settings, topics: list[tuple[str, int, dict[str, s
     admin = admin or admin_client(settings)
     try:
         md = admin.list_topics(timeout=timeout)
-    except Exception as exc:  # KafkaException: broker unreachable
+    except Exception as exc:  # noqa: BLE001 -- KafkaException: broker unreachable
         raise TopicError(f"cannot reach Kafka at {settings.broker} ({exc}); is the stack up? try `memstream dev up`") from None
     new = [NewTopic(name, partitions, settings.replication, config=dict(config))
            for name, partitions, config in topics if name not in md.topics]

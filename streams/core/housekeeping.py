@@ -51,7 +51,7 @@ pin that overtakes its node still applies. Pinning a deleted node does nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from .ids import HOUSEKEEPING, event_id_for, input_reference
 from .nodes import (
@@ -172,7 +172,7 @@ def deletion_event(motebit_id: str, node_id: str, now_ms: int, version_clock: in
     }
 
 
-def sweep_memory(memory: UserMemory, now_ms: int, policy: HousekeepingPolicy | None = None):
+def sweep_memory(memory: UserMemory, now_ms: int, policy: HousekeepingPolicy | None = None) -> "Outcome":
     """Run housekeeping on one user's state: erase every expired node (its fingerprint and
     id are remembered, so it never re-forms) and return an
     :class:`~streams.core.process.Outcome` with one ``memory_deleted`` per node on the ledger

@@ -107,7 +107,7 @@ def time_problem(record: Any, record_time_ms: int | None, limits: Limits = DEFAU
     Without a record time (``None`` or <= 0) only the lower bound applies."""
     if not isinstance(record, Mapping):
         return None
-    payload = record.get("payload") if isinstance(record.get("payload"), Mapping) else {}
+    payload = p if isinstance(p := record.get("payload"), Mapping) else {}
     latest = None
     if record_time_ms is not None and record_time_ms > 0:
         latest = int(record_time_ms) + limits.max_future_skew_ms
@@ -341,7 +341,7 @@ def _payload(event_type: str, p: Mapping[str, Any], limits: Limits) -> dict[str,
     if event_type == "memory_formed":
         redacted = p.get("redacted") is True
         reason = p.get("redacted_reason")
-        out = {
+        out: dict[str, Any] = {
             "node_id": _req_id(p, "node_id", limits),
             "content": p.get("content"),
             "sensitivity": _sensitivity(p),
@@ -551,7 +551,7 @@ class DedupWindow:
     # ---- the compact form: tail record + sealed chunks
     def _last(self, n: int) -> list[list]:
         """The newest `n` retained ids as [id, timestamp] pairs, oldest first."""
-        out = []
+        out: list[list] = []
         for item in reversed(self._ids.items()):
             if len(out) >= n:
                 break

@@ -206,8 +206,8 @@ def validate_remember(kind: Any, content: Any, limits: Limits = DEFAULT_LIMITS) 
 def remember(
     state: Mapping[str, Any] | None,
     user_id: str,
-    kind: str,
-    content: str,
+    kind: Any,  # validated here (validate_remember)
+    content: Any,
     session_id: str | None,
     write_enabled: bool,
     request_id: str,

@@ -148,7 +148,7 @@ def process_candidate(
             return out
         try:
             decision = decider.decide(cand, memory, policy)
-        except Exception as exc:  # a plugged-in judge failed: dead-letter, state untouched
+        except Exception as exc:  # noqa: BLE001 -- a plugged-in judge failed: dead-letter, state untouched
             return _reject("decider_error", f"decider raised {type(exc).__name__}: {exc}")
         problem = check_decision(decision, memory)
         if problem is not None:

@@ -177,7 +177,7 @@ def _formed(
         or node_id in deleted_node_ids
         or (deleted_fingerprints and isinstance(content, str) and content_fingerprint(content) in deleted_fingerprints)
     ):
-        return tombstone_for(node_id, event.get("motebit_id"), event, payload)
+        return tombstone_for(node_id, event.get("motebit_id"), event, payload)  # type: ignore[arg-type]  # a ledger event: ids validated on ingest
     return _envelope(event, payload)
 
 
@@ -235,10 +235,10 @@ def relay_events(
     if et == "memory_deleted":
         node_id = p.get("node_id")
         deletion = _envelope(event, {"node_id": node_id})
-        row = (deleted_rows or {}).get(node_id)
+        row = (deleted_rows or {}).get(node_id)  # type: ignore[arg-type]  # a ledger event: ids validated on ingest
         # the row the peer holds: the node's memory_formed as this view relayed it
         kept = _formed_payload({"node_id": node_id, "content": REDACTED_CONTENT, **row}, threshold) if row else None
-        return [deletion, tombstone_for(node_id, event.get("motebit_id"), event, kept)]
+        return [deletion, tombstone_for(node_id, event.get("motebit_id"), event, kept)]  # type: ignore[arg-type]  # as above
     if et == "memory_accessed":
         return [_envelope(event, {"node_id": p.get("node_id")})]
     if et == "memory_pinned":

@@ -62,7 +62,7 @@ import re
 import unicodedata
 import zlib
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence, TypeGuard
 
 import numpy as np
 
@@ -158,7 +158,7 @@ def has_negation(text: str) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
-def usable_embedding(embedding: Any) -> bool:
+def usable_embedding(embedding: Any) -> TypeGuard[Sequence[float]]:
     """A non-empty sequence of finite numbers with a non-zero norm."""
     if embedding is None or isinstance(embedding, (str, bytes)):
         return False
@@ -176,7 +176,7 @@ def cosine(a: Sequence[float], b: Sequence[float]) -> float | None:
     (different dimensions or a zero vector)."""
     if len(a) != len(b) or not a:
         return None
-    dot = math.fsum(float(x) * float(y) for x, y in zip(a, b))
+    dot = math.fsum(float(x) * float(y) for x, y in zip(a, b, strict=True))
     na = math.fsum(float(x) * float(x) for x in a)
     nb = math.fsum(float(y) * float(y) for y in b)
     if not (na > 0.0 and nb > 0.0 and math.isfinite(na) and math.isfinite(nb) and math.isfinite(dot)):
@@ -368,7 +368,7 @@ class IndexConfig:
 # --------------------------------------------------------------------------------------------
 
 
-def _bucket_add(table: dict, key: int, node_id: str) -> None:
+def _bucket_add(table: dict, key: int, node_id: str | int) -> None:
     cur = table.get(key)
     if cur is None:
         table[key] = node_id
@@ -378,7 +378,7 @@ def _bucket_add(table: dict, key: int, node_id: str) -> None:
         table[key] = {cur, node_id}
 
 
-def _bucket_remove(table: dict, key: int, node_id: str) -> None:
+def _bucket_remove(table: dict, key: int, node_id: str | int) -> None:
     cur = table.get(key)
     if cur is None:
         return
@@ -801,10 +801,10 @@ class SimilarityIndex:
 
     def _hash_embedding(self, node_id: str, embedding: Sequence[float] | None) -> None:
         if usable_embedding(embedding):
-            unit = unit_vector(embedding)  # type: ignore[arg-type]
+            unit = unit_vector(embedding)
             dim = unit.shape[0]
             codes = self._hyperplanes(dim).codes(unit)
-            for table, code in zip(self._emb_tables[dim], codes):
+            for table, code in zip(self._emb_tables[dim], codes, strict=True):
                 _bucket_add(table, code, node_id)
             self._emb[node_id] = (dim, codes)
             self._emb_rows[dim].put(node_id, unit.astype(np.float32))
@@ -824,7 +824,7 @@ class SimilarityIndex:
             block = self._minhash.signatures([shingle_hashes(sh) for sh in shingles])
             all_keys.append(_band_keys_many(block, c.text_bands, c.text_rows))
             low = block.astype(np.uint8)
-            for j, (node_id, sh) in enumerate(zip(ids, shingles)):
+            for j, (node_id, sh) in enumerate(zip(ids, shingles, strict=True)):
                 sigs.put(node_id, low[j])
                 self._shingle_ids.put(sigs.slot_of(node_id), self._shingle_numbers(sh))
                 self._hash_embedding(node_id, self._nodes[node_id][1])
@@ -847,7 +847,7 @@ class SimilarityIndex:
         emb = self._emb.pop(node_id, None)
         if emb is not None:
             dim, codes = emb
-            for table, code in zip(self._emb_tables[dim], codes):
+            for table, code in zip(self._emb_tables[dim], codes, strict=True):
                 _bucket_remove(table, code, node_id)
             self._emb_rows[dim].drop(node_id)
 
@@ -936,12 +936,12 @@ class SimilarityIndex:
         raw = 0
         dim = None
         if usable_embedding(embedding):
-            unit = unit_vector(embedding)  # type: ignore[arg-type]
+            unit = unit_vector(embedding)
             dim = unit.shape[0]
             if dim in self._emb_tables:
                 hp = self._planes[dim]
                 hits: set[str] = set()
-                for table, code in zip(self._emb_tables[dim], hp.codes(unit)):
+                for table, code in zip(self._emb_tables[dim], hp.codes(unit), strict=True):
                     hits.update(_bucket_iter(table, code))
                     if c.multiprobe:
                         for j in range(hp.bits):
@@ -950,7 +950,7 @@ class SimilarityIndex:
                 if hits and c.embedding_verify_floor is not None:
                     ids = list(hits)
                     est = self._emb_rows[dim].rows(ids) @ unit.astype(np.float32)
-                    hits = {i for i, e in zip(ids, est.tolist()) if e >= c.embedding_verify_floor}
+                    hits = {i for i, e in zip(ids, est.tolist(), strict=True) if e >= c.embedding_verify_floor}
                 out |= hits
         shingles, sig, keys = self._hashed_text(text, shingles)
         sigs, bands = self._sigs, self._bands
@@ -961,7 +961,7 @@ class SimilarityIndex:
             # scored by cosine: their recall comes from the hyperplanes
             emb = self._emb
             at = np.fromiter(
-                (s for s in at.tolist() if (e := emb.get(slot_ids[s])) is None or e[0] != dim),  # type: ignore[arg-type]
+                (s for s in at.tolist() if (e := emb.get(slot_ids[s])) is None or e[0] != dim),
                 dtype=np.int64,
             )
         raw += at.size
@@ -972,12 +972,12 @@ class SimilarityIndex:
             at = at[equal / c.num_perm >= c.text_verify_floor]
         self.last_raw_candidates = raw
         if not score:
-            out.update(slot_ids[s] for s in at.tolist())  # type: ignore[misc]
+            out.update(slot_ids[s] for s in at.tolist())
             return out, {}
         jac = self._jaccard_slots(shingles, at)
         if text_floor is not None and dim is None:
             keep = jac >= text_floor
             at, jac = at[keep], jac[keep]
         ids = [slot_ids[s] for s in at.tolist()]
-        out.update(ids)  # type: ignore[arg-type]
-        return out, dict(zip(ids, jac.tolist()))  # type: ignore[arg-type]
+        out.update(ids)
+        return out, dict(zip(ids, jac.tolist(), strict=True))

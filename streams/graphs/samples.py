@@ -43,7 +43,7 @@ class SampleGraphRun:
 
 
 def _event(ts: int, graph_id: str, event: str, **kw: Any) -> dict[str, Any]:
-    ev = {f: None for f in FIELDS}
+    ev: dict[str, Any] = {f: None for f in FIELDS}
     ev.update(ts=ts, graphId=graph_id, event=event, **kw)
     return ev
 

@@ -151,7 +151,7 @@ def apply(state: Mapping[str, Any] | None, event: Mapping[str, Any], stall_after
         state = new_state(ev["graphId"])
     eid = event_id or event_fingerprint(ev)
     if eid in state["recentIds"]:
-        return state  # a redelivered event: idempotent skip
+        return state  # type: ignore[return-value]  # a redelivered event: idempotent skip, the state as given
 
     st = _copy(state)
     ts = ev["ts"]

@@ -152,6 +152,7 @@ class Runtime:
         self.probe: "WorkerProbe | None" = None
         #: topic -> (since, why) of an agent waiting on one record (reported by /health)
         self.stalls: dict[str, tuple[float, str]] = {}
+        self.recovery_progress: tuple[int, float] | None = None  # api/health.py: (offsets left, since)
 
     def input_channel(self, *names: str) -> faust.TopicT:
         """One channel over several co-partitioned input topics (raw bytes, decoded by `guard`)."""
@@ -509,10 +510,10 @@ class Runtime:
                     if not await self._registry_changed(value):
                         raise  # the record's fault: the caller dead-letters it
                     self._stalled(topic, f"a {topic} record waits for the schema registry to map its ids as before")
-                    await self.probe.wait_consistent()
+                    await self.probe.wait_consistent()  # type: ignore[union-attr]
                     continue
                 if waited and await self._registry_changed(None):  # reconnected: is it the same registry?
-                    await self.probe.wait_consistent()
+                    await self.probe.wait_consistent()  # type: ignore[union-attr]
                     waited = False
                     continue
                 return record

@@ -121,7 +121,7 @@ class Deliveries:
             raise self._error
         if self.on_done is not None:
             done, self.on_done = self.on_done, None
-            done(self.offsets)
+            done(self.offsets)  # type: ignore[arg-type]
 
 
 def _resolve(waiter: asyncio.Future) -> None:
@@ -165,7 +165,7 @@ class OutputProducer:
     def _poll(self) -> None:
         while not self._stopping.is_set():
             try:
-                self._producer.poll(POLL_S)
+                self._producer.poll(POLL_S)  # type: ignore[union-attr]
             except KafkaException as exc:  # a fatal error raised from poll(): same as the error callback
                 self._on_error(exc.args[0] if exc.args else exc)
 
@@ -200,7 +200,7 @@ class OutputProducer:
         deliveries.produced()
         while True:
             try:
-                producer.produce(topic, value, key, headers=headers, on_delivery=deliveries.delivered)
+                producer.produce(topic, value, key, headers=headers, on_delivery=deliveries.delivered)  # type: ignore[arg-type]
                 return
             except BufferError:  # librdkafka's queue is full: wait for deliveries to make room
                 await asyncio.sleep(0.01)

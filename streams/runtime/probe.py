@@ -28,7 +28,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from streams.contracts.schemaids import IdMismatch, KnownIds, KnownSchema, mismatches
 from streams.settings import Settings
@@ -93,7 +93,7 @@ class WorkerProbe:
         self.broker_error: str | None = None
         self._lock = threading.Lock()
         self._last_explain = 0.0
-        self._admin = None
+        self._admin: Any = None  # a confluent_kafka AdminClient, made on first use
 
     # ------------------------------------------------------------------ registry ids
     def load(self, cluster_id: str) -> None:
@@ -168,7 +168,7 @@ class WorkerProbe:
 
     async def wait_consistent(self) -> None:
         """Return at once while the registry agrees; otherwise when it agrees again."""
-        while self.mismatched:
+        while self.mismatched:  # noqa: ASYNC110 -- set by the periodic check, polled as it runs
             await asyncio.sleep(0.5)
 
     # ------------------------------------------------------------------ broker, disk

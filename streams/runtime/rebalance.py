@@ -25,7 +25,7 @@ from streams.runtime.faust_internals import consumer_thread, forget_buffered, is
 class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     """Faust's consumer thread whose worker consumer skips aborted transactions."""
 
-    def _create_worker_consumer(self, transport):  # type: ignore[no-untyped-def]
+    def _create_worker_consumer(self, transport):
         consumer = super()._create_worker_consumer(transport)
         read_committed(consumer)  # read by aiokafka when it starts its fetcher
         return consumer

@@ -53,7 +53,7 @@ def run(settings: Settings) -> int:
     class _Worker(faust_internals.worker_class(lambda: arm_shutdown_deadline(settings.shutdown_timeout_s))):
         def on_setup_root_logger(self, logger, level) -> None:  # Faust replaced the root handlers
             super().on_setup_root_logger(logger, level)
-            rt.probe.watch_log(logger)
+            rt.probe.watch_log(logger)  # type: ignore[union-attr]
 
     worker = _Worker(app, loglevel=settings.log_level, quiet=True)
     try:

@@ -433,7 +433,7 @@ def step(state: Mapping[str, Any] | None, event: Mapping[str, Any],
     if seq <= state["record"]["lastSeq"]:
         seen = seen_check(state, event)
         if seen is None:
-            return state, []  # redelivered / already processed: idempotent skip
+            return state, []  # type: ignore[return-value]  # redelivered / already processed: idempotent skip
         ctx = _Ctx(state, event, limits)
         ctx.violate(*seen)
         return ctx.result()
@@ -676,7 +676,7 @@ def _on_start(ctx: _Ctx, data: Mapping[str, Any], ts: Any) -> None:
     elif turn is None and ctx.internal["turnBoundaries"] and open_turn is not None:
         ctx.violate("turn.null_inside_turn", f"compaction {cid!r} has turn null while turn {open_turn} is open")
 
-    ctx.rec["compactions"].append(_new_compaction(cid, data.get("sourceCommandId"), turn, ctx.seq))
+    ctx.rec["compactions"].append(_new_compaction(cid, data.get("sourceCommandId"), turn, ctx.seq))  # type: ignore[arg-type]  # applied: seq is an int
     ctx.rec["openCompactionId"] = cid
     ctx.internal["openStartTs"] = ts if _is_int(ts) else None
     ctx.internal["enclosureFlagged"] = False

@@ -457,7 +457,7 @@ def sample_sessions(seed: int, count: int, broken_ratio: float = 0.25) -> list[S
     """``count`` sessions, about ``broken_ratio`` of them with one injected fault each."""
     rng = random.Random(seed)
     out = []
-    for k in range(count):
+    for _ in range(count):
         sub = rng.getrandbits(32)
         if rng.random() < broken_ratio:
             out.append(broken_session(rng.choice(SCENARIOS), sub))

@@ -50,9 +50,9 @@ def _read_since(s: Settings, start: dict[tuple[str, int], int], name: str, facto
         if m is None or m.error():
             continue
         key = m.key() if name == catalog.DLQ else decode_key(m.key())
-        out.append((key, codec.decode(m.value()) if m.value() is not None else None))
-        if m.offset() + 1 >= remaining.get((m.topic(), m.partition()), 0):
-            remaining.pop((m.topic(), m.partition()), None)
+        out.append((key, codec.decode(m.value()) if m.value() is not None else None))  # type: ignore[arg-type]
+        if m.offset() + 1 >= remaining.get((m.topic(), m.partition()), 0):  # type: ignore[arg-type, operator]
+            remaining.pop((m.topic(), m.partition()), None)  # type: ignore[arg-type]
     c.close()
     return out
 
@@ -92,8 +92,8 @@ def run(s: Settings) -> int:
         log_dir = Path("var") / app_id / "graph-logs"
         runs = graph_samples.generate_graph_runs(7)
         graph_samples.write_run_files(log_dir, runs)
-        report = shipper.ship_directory(log_dir, s, offsets_path=str(Path("var") / app_id / "shipper.offsets.json"))
-        _say(f"memstream ship-graph-logs {log_dir}: {report.files} files, {report.events} graph events shipped")
+        shipped = shipper.ship_directory(log_dir, s, offsets_path=str(Path("var") / app_id / "shipper.offsets.json"))
+        _say(f"memstream ship-graph-logs {log_dir}: {shipped.files} files, {shipped.events} graph events shipped")
         in_end = kafkatools.end_offsets(s, inputs)
 
         _say("\n== 4. processing")

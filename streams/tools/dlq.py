@@ -272,17 +272,17 @@ def read_dlq(settings: Settings, keep_value: Callable[[DeadLetter], bool] = lamb
                 p, off = msg.partition(), msg.offset()
                 if p not in pending:
                     continue
-                if off + 1 >= pending[p]:
+                if off + 1 >= pending[p]:  # type: ignore[operator]
                     del pending[p]
-                if off >= ends[p]:
+                if off >= ends[p]:  # type: ignore[operator]
                     continue
                 try:
-                    d = DeadLetter.from_record(p, off, decode(msg.value()))
+                    d = DeadLetter.from_record(p, off, decode(msg.value()))  # type: ignore[arg-type]
                     letters.append(d if keep_value(d) else d.without_value())
                 except RegistryError as exc:
                     raise OpsError(f"cannot decode {catalog.DLQ}: schema registry at {settings.registry_url}: {exc}") from None
                 except Exception as exc:  # noqa: BLE001 - a foreign record in the DLQ: report, go on
-                    bad.append((p, off, f"{type(exc).__name__}: {exc}"))
+                    bad.append((p, off, f"{type(exc).__name__}: {exc}"))  # type: ignore[arg-type]
         return DlqRead(letters, bad, set(md.topics))
     finally:
         c.close()

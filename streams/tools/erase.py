@@ -73,13 +73,13 @@ def erase(settings: Settings, motebit_id: str, request_id: str | None = None, wa
     if wait_s is None:
         return 0
     try:
-        consumer.assign([TopicPartition(catalog.ERASE_RECEIPTS, partition, start)])
+        consumer.assign([TopicPartition(catalog.ERASE_RECEIPTS, partition, start)])  # type: ignore[arg-type]
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             msg = consumer.poll(0.5)
             if msg is None or msg.error() or msg.value() is None:
                 continue
-            receipt = receipts.decode(msg.value())
+            receipt = receipts.decode(msg.value())  # type: ignore[arg-type]
             if receipt["request_id"] == record["request_id"] and receipt["motebit_id"] == motebit_id:
                 print(json.dumps(receipt, indent=2, sort_keys=True), file=out)
                 return 0

@@ -66,7 +66,7 @@ def end_offsets(settings: Settings, topics: list[str]) -> Offsets:
         for name in topics:
             for p in md.topics[name].partitions:
                 tp = TopicPartition(name, p)
-                _low, high = retrying(lambda: c.get_watermark_offsets(tp, timeout=10), f"end of {name}[{p}]")
+                _low, high = retrying(lambda: c.get_watermark_offsets(tp, timeout=10), f"end of {name}[{p}]")  # noqa: B023 -- called in this iteration
                 out[(name, p)] = high
         return out
     finally:
@@ -109,7 +109,7 @@ def _only_markers(settings: Settings, tp: tuple[str, int], start: int, end: int,
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             msg = c.poll(0.2)
-            if msg is not None and not msg.error() and msg.offset() < end:
+            if msg is not None and not msg.error() and msg.offset() < end:  # type: ignore[operator]
                 return False
             if c.position([TopicPartition(tp[0], tp[1])])[0].offset >= end:
                 return True
@@ -227,11 +227,11 @@ def largest_records(settings: Settings, topics: list[str], timeout: float = 120)
                         todo.pop((t, p))
                 continue
             tp = (msg.topic(), msg.partition())
-            size = len(msg.key() or b"") + len(msg.value() or b"") + sum(len(k) + len(v or b"") for k, v in msg.headers() or [])
-            if size > out[msg.topic()][0]:
-                out[msg.topic()] = (size, f"{msg.partition()}@{msg.offset()}")
-            if msg.offset() + 1 >= todo.get(tp, 0):
-                todo.pop(tp, None)
+            size = len(msg.key() or b"") + len(msg.value() or b"") + sum(len(k) + len(v or b"") for k, v in msg.headers() or [])  # type: ignore[misc, str-unpack]
+            if size > out[msg.topic()][0]:  # type: ignore[index]
+                out[msg.topic()] = (size, f"{msg.partition()}@{msg.offset()}")  # type: ignore[index]
+            if msg.offset() + 1 >= todo.get(tp, 0):  # type: ignore[arg-type, operator]
+                todo.pop(tp, None)  # type: ignore[arg-type]
     finally:
         c.close()
     return out

@@ -163,7 +163,7 @@ class Sink(Protocol):
         """Discard what was produced since the last commit."""
 
 
-def _fenced(err) -> bool:  # type: ignore[no-untyped-def]
+def _fenced(err) -> bool:
     from confluent_kafka import KafkaError
 
     codes = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
@@ -186,12 +186,12 @@ class KafkaSink:
         self._ready = False  # init_transactions done on the current producer
         self._in_txn = False
 
-    def _on_error(self, err) -> None:  # type: ignore[no-untyped-def]
+    def _on_error(self, err) -> None:
         # a fatal error reaches produce() only as "_FATAL"; its cause (fenced?) comes here
         if err.fatal():
             self._fatal = err
 
-    def _new_producer(self):  # type: ignore[no-untyped-def]
+    def _new_producer(self):
         from confluent_kafka import Producer
 
         self._fatal = None
@@ -240,7 +240,7 @@ class KafkaSink:
         self._ready = True
         self._in_txn = False
 
-    def _fatal_cause(self, err):  # type: ignore[no-untyped-def]
+    def _fatal_cause(self, err):
         """The cause of a fatal error (fenced?): produce() reports only "_FATAL"; the cause comes
         through the error callback or as a KafkaException out of poll(), once the producer's
         background thread has queued it (it may take a moment)."""
@@ -259,7 +259,7 @@ class KafkaSink:
             if not (err.fatal() or err.code() == KafkaError._FATAL) or time.monotonic() > deadline:
                 return err
 
-    def _fail(self, what: str, err) -> NoReturn:  # type: ignore[no-untyped-def]
+    def _fail(self, what: str, err) -> NoReturn:
         """After a failed produce or commit: abort if the producer allows it, else start over with
         a new producer (its init_transactions settles the old transaction); then raise."""
         self._in_txn = False
@@ -370,12 +370,12 @@ class KafkaSink:
                 for m in reader.consume(1000, 0.1):
                     err = m.error()
                     if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF and m.offset() >= ends[m.partition()]:
+                        if err.code() == KafkaError._PARTITION_EOF and m.offset() >= ends[m.partition()]:  # type: ignore[operator]
                             todo.discard(m.partition())
                         elif err.code() != KafkaError._PARTITION_EOF and err.fatal():
                             raise DeliveryError(f"reading {topic}: {err.str()}")
                         continue
-                    if m.offset() >= ends[m.partition()] - 1:
+                    if m.offset() >= ends[m.partition()] - 1:  # type: ignore[operator]
                         todo.discard(m.partition())
                     key = m.key() or b""
                     if not key.startswith(prefix.encode()):
@@ -384,7 +384,7 @@ class KafkaSink:
                     if m.value() is None:
                         positions.pop(name, None)
                     else:
-                        shipper, file, position = position_from_record(self._codec.decode(m.value()))
+                        shipper, file, position = position_from_record(self._codec.decode(m.value()))  # type: ignore[arg-type]
                         if shipper == self.shipper_id and file == name:
                             positions[name] = position
                 # past trailing transaction markers (no message, maybe no new EOF event)
@@ -717,7 +717,7 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
         yield
         return
 
-    def handler(signum, _frame):  # type: ignore[no-untyped-def]
+    def handler(signum, _frame):
         log.info("received %s: finishing the batch in hand, then stopping", signal.Signals(signum).name)
         stop.set()
 

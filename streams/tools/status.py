@@ -42,7 +42,7 @@ class Member:
 
     @property
     def ready(self) -> bool:
-        return bool(self.health) and self.health.get("status") == "ready"
+        return bool(self.health) and self.health.get("status") == "ready"  # type: ignore[union-attr]
 
 
 @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -302,7 +303,7 @@ def test_record_matches_the_schema_and_encodes():
                      "redacted": 1, "quarantined": 1, "dead_lettered": 3, "compaction_tokens_saved": 512,
                      "graph_cost_usd": 1.5})
     rec = to_record("u1", windows_of(s, HOUR)[0])
-    schema = json.load(open("schemas/analytics_window.avsc"))
+    schema = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "analytics_window.avsc").read_text())
     assert list(rec) == [f["name"] for f in schema["fields"]]
     assert rec == {"motebit_id": "u1", "window": "hour", "window_start": T0, "window_end": T0 + HOUR_MS,
                    "formed": 2, "accessed": 1, "deleted": 1, "merged": 1, "superseded": 1, "promoted": 1,

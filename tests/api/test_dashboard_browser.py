@@ -302,7 +302,9 @@ def test_dashboard_page_is_static_and_self_contained(dash):
 
 def test_activity_window_is_anchored_on_the_newest_window_not_far_future():
     now = 100 * 60 * MIN
-    pt = lambda start, **c: {"window_start": start, "window_end": start + MIN, **{f: 0 for f in EVENT_COUNTERS}, **c}
+    def pt(start, **c):
+        return {"window_start": start, "window_end": start + MIN, **{f: 0 for f in EVENT_COUNTERS}, **c}
+
     series = [pt(now - 300 * MIN, formed=1), pt(now - 10 * MIN, merged=2), pt(now + 5 * 24 * 60 * MIN, formed=1)]
     a = activity(series, now)
     assert a["to_ms"] == now - 9 * MIN and a["from_ms"] == a["to_ms"] - 120 * MIN

@@ -4,7 +4,6 @@ fresh stack every route answers from the first second: 2xx/4xx, or 503 + Retry-A
 
 from __future__ import annotations
 
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -116,7 +115,7 @@ def test_a_fresh_stack_answers_every_route_from_the_first_second(stack, unique):
             first = list(pool.map(lambda j: (time.monotonic(), call(j[0], j[1], j[2], body=j[3])), jobs))
         started = [t for t, _ in first]
         assert max(started) - ready < 10, f"the first calls took {max(started) - ready:.1f}s to send"
-        answers = {(j[0], j[1], j[2]): a for j, (_t, a) in zip(jobs, first)}
+        answers = {(j[0], j[1], j[2]): a for j, (_t, a) in zip(jobs, first, strict=True)}
         for (port, method, path), (status, headers, body) in answers.items():
             assert status != 500 and (200 <= status < 500 or status == 503), (port, method, path, status, body[:300])
             if status == 503:

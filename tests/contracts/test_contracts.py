@@ -45,7 +45,7 @@ def interfaces(text: str) -> dict[str, list[str]]:
 def test_every_record_and_field_is_declared_with_string_enums():
     text = languages.typescript()
     declared = interfaces(text)
-    for stem, version in schemas.default().current.items():
+    for version in schemas.default().current.values():
         for full, named in schemas.named_types(version.parsed).items():
             short = full.rsplit(".", 1)[-1]
             if named["type"] == "record":
@@ -97,7 +97,7 @@ def _npm_tools() -> Path:
     NPM_DIR.mkdir(parents=True, exist_ok=True)
     ready = NPM_DIR / f"installed-{'-'.join(NPM_PACKAGES)}"
     if not ready.exists():
-        for attempt in range(2):
+        for _attempt in range(2):
             done = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent", "--prefix", str(NPM_DIR),
                                    *NPM_PACKAGES], capture_output=True, text=True, timeout=300)
             if done.returncode == 0:

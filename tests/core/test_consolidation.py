@@ -280,7 +280,7 @@ def _random_memory(rnd: random.Random, n: int, config: IndexConfig, with_embeddi
     um = UserMemory("u1", index_config=config)
     base = [sentence(rnd, 5, 9) for _ in range(max(1, n // 2))]
     texts = []
-    for i in range(n):
+    for _ in range(n):
         t = rnd.choice(base)
         texts.append(t if rnd.random() < 0.3 else one_word_edit(rnd, t))
     for i, t in enumerate(texts):

@@ -125,7 +125,7 @@ def old_path(stream, monkeypatch, config: IndexConfig = OLD_INDEX, decider=None)
 
 def assert_same(new: dict, old: dict) -> None:
     assert len(new["outputs"]) == len(old["outputs"])
-    for i, (a, b) in enumerate(zip(new["outputs"], old["outputs"])):
+    for i, (a, b) in enumerate(zip(new["outputs"], old["outputs"], strict=True)):
         assert a == b, f"record {i} differs"
     assert new["state"] == old["state"]
 

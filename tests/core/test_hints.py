@@ -104,7 +104,7 @@ def test_any_other_pinned_value_is_absent(value):
 @given(st.lists(st.sampled_from(["pinned: true", "pinned: no", "triggers: a", "triggers: b, c"]), max_size=6))
 def test_first_wins_is_order_sensitive_only_among_well_formed(extra):
     hints = read_header_hints(extra)
-    good_triggers = [l for l in extra if l.startswith("triggers")]
+    good_triggers = [line for line in extra if line.startswith("triggers")]
     if good_triggers:
         assert hints["triggers"] == read_header_hints([good_triggers[0]])["triggers"]
     assert hints.get("pinned") == (True if "pinned: true" in extra else None)

@@ -14,7 +14,6 @@ import signal
 import time
 import urllib.request
 import uuid
-from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient

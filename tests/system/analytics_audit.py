@@ -38,7 +38,6 @@ from streams.analytics import (
 )
 from streams.tools.generate import Item, garbage_items, memory_items, negotiator_items
 from streams.settings import Settings
-from streams.contracts.wire import decode_key
 
 from tests.kafka_util import free_port, http_get, log_of, produce, read_to_end, worker
 

@@ -227,7 +227,7 @@ class DataSet:
     def chain(self, *items: Item) -> None:
         """Records that must arrive in this order (one key): sorted positions in the shuffle."""
         orders = sorted(self.rng.random() for _ in items)
-        for item, order in zip(items, orders):
+        for item, order in zip(items, orders, strict=True):
             item.order = order
             self.items.append(item)
 
@@ -235,7 +235,7 @@ class DataSet:
     def bad_kinds(self) -> list[tuple[str, Callable[[int], None]]]:
         kinds: list[tuple[str, Callable[[int], None]]] = []
         for topic in INPUTS:
-            kinds += [(f"{topic}:{name}", (lambda fn, t: lambda i: fn(t, i))(fn, topic))
+            kinds += [(f"{topic}:{name}", (lambda fn, t: lambda i: fn(t, i))(fn, topic))  # noqa: B023 -- called in this iteration
                       for name, fn in self.decode_kinds().items()]
         kinds += [(f"rule:{name}", fn) for name, fn in self.rule_kinds().items()]
         return kinds

@@ -119,7 +119,7 @@ def test_poison_records_among_valid_ones_on_two_workers(stack, unique):
     # every poison record on the DLQ exactly once, with its reason; nothing else of ours there
     # (delivery is at-least-once with deterministic outputs: a batch replayed after a rebalance
     # dead-letters its poison record again, as an identical copy with the same origin)
-    why_of = {encode_key(k): why for (k, _), why in zip(poison, reasons)}
+    why_of = {encode_key(k): why for (k, _), why in zip(poison, reasons, strict=True)}
     ours = [d for d in got.dead_letters if d["original_key"] in why_of]
     by_origin: dict[tuple, list[dict]] = {}
     for d in ours:
