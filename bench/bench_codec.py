@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import orjson
 

@@ -77,10 +77,10 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import orjson
 from aiokafka.partitioner import murmur2
@@ -88,16 +88,16 @@ from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from bench.bench_consolidation import memory_text, vocabulary
-from streams.contracts import catalog, topics
-from streams.tools import devstack, generate, kafkatools
 from streams.agents.memory import PROCESSOR as MEMORY_PROCESSOR
 from streams.agents.memory_store import STATE_TABLE, node_key
 from streams.agents.user_cache import chunk_rows
+from streams.contracts import catalog, topics
+from streams.contracts.wire import CodecFactory, encode_key
 from streams.core import UserMemory, event_id_for
 from streams.core.nodes import make_node
-from streams.tools.progress import Progress
 from streams.settings import Settings
-from streams.contracts.wire import CodecFactory, encode_key
+from streams.tools import devstack, generate, kafkatools
+from streams.tools.progress import Progress
 
 INPUTS = [t.name for t in catalog.topics() if t.direction == "in"]
 OUTPUTS = [catalog.MEMORY_LEDGER, catalog.MEMORY_RELAY, catalog.MEMORY_NODES, catalog.MEMORY_QUARANTINE,

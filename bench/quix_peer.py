@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from quixstreams import Application  # noqa: E402
 
 from streams.contracts import catalog  # noqa: E402
-from streams.core import UserMemory, process_candidate, process_event  # noqa: E402
 from streams.contracts.wire import CodecFactory  # noqa: E402
+from streams.core import UserMemory, process_candidate, process_event  # noqa: E402
 
 
 def cpu_s() -> float:

@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.system import analytics_audit  # noqa: E402
 from tests.conftest import TEST_ENV, memstream  # noqa: E402
+from tests.system import analytics_audit  # noqa: E402
 
 
 def main() -> int:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .core.limits import DEFAULT_LIMITS, Limits
 
@@ -146,11 +147,11 @@ class Settings:
             if getattr(self, name) < 1:
                 raise SettingsError(f"MEMSTREAM_{name.upper()}={getattr(self, name)} must be at least 1")
 
-    def replace(self, **changes: Any) -> "Settings":
+    def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         for f in fields(cls):

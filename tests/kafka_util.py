@@ -10,16 +10,16 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from streams.contracts import catalog
-from streams.tools import devstack, kafkatools
-from streams.settings import Settings
 from streams.contracts.wire import CodecFactory, InvalidKeyError, decode_key, encode_key
+from streams.settings import Settings
+from streams.tools import devstack, kafkatools
 
 from .conftest import ROOT, TEST_DATA, TEST_ENV
 

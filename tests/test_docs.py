@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import yaml
 from pathlib import Path
 
+import yaml
+
 from streams.contracts import asyncapi, catalog
-from streams.tools import readme
 from streams.settings import Settings
+from streams.tools import readme
 
 ROOT = Path(__file__).resolve().parent.parent
 

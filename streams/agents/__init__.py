@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from streams.runtime.topology import Processor
 
 
-def processors() -> list["Processor"]:
+def processors() -> list[Processor]:
     """Every processor's declaration (`PROCESSOR` of each agent module: streams/runtime/topology.py)."""
     from streams.agents import analytics, graphs, memory, relay_policy, sessions
 
@@ -24,7 +24,7 @@ def consumed_topics() -> list[str]:
     return [t for p in processors() for t in p.sources]
 
 
-def register_all(rt: "Runtime") -> None:
+def register_all(rt: Runtime) -> None:
     from streams.agents import analytics, graphs, memory, sessions
     from streams.api import dashboard, health
     from streams.api import memory as memory_api

@@ -31,20 +31,18 @@ under `session:<id>` / `graph:<id>` keys (they have no user).
 
 from __future__ import annotations
 
-import asyncio
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from faust.web import Request, Response
 
-from streams.contracts import catalog
-from streams.runtime import checkpoint
-from ..analytics import (
-    classify_dead_letter,
+from streams.analytics import (
     HOUR,
     MINUTE,
     add_increment,
+    classify_dead_letter,
     expire,
     is_expired,
     mark_published,
@@ -56,8 +54,10 @@ from ..analytics import (
     summarize,
     windows_of,
 )
-from ..analytics import to_record as window_record
+from streams.analytics import to_record as window_record
 from streams.api.http import BadRequest, authenticated, parse_ms
+from streams.contracts import catalog
+from streams.runtime import checkpoint
 from streams.runtime.topology import Processor, Timer
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ WINDOW_PARAM = {"1m": MINUTE, "1h": HOUR}
 PEER_TIMEOUT_S = 5.0  # a fleet summary asks every other worker for its part
 
 
-def register(rt: "Runtime") -> None:
+def register(rt: Runtime) -> None:
     app = rt.app
     table = checkpoint.updates_only(rt.table("analytics"))
 
@@ -164,7 +164,7 @@ def register(rt: "Runtime") -> None:
                         if r.status != 200:  # a fleet total without a worker's part would be wrong
                             return self.unavailable(f"worker {url} answered {r.status}; retry")
                         parts.append(await r.json())
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, aiohttp.ClientError) as exc:
                     return self.unavailable(f"worker {url} did not answer ({type(exc).__name__}); retry")
             return self.reply(merge_summaries(parts))
 

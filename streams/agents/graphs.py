@@ -15,14 +15,13 @@ from typing import TYPE_CHECKING
 
 from faust.web import Request, Response
 
-from ..core.limits import quote
-from streams.contracts import catalog
-from streams.runtime import checkpoint
-from ..analytics import classify_graph_budget
+from streams.analytics import classify_graph_budget
 from streams.api.http import authenticated
+from streams.contracts import catalog
+from streams.core.limits import id_problem, quote
+from streams.graphs import state as graph_state
+from streams.runtime import checkpoint
 from streams.runtime.handlers import Rejected
-from ..core.limits import id_problem
-from ..graphs import state as graph_state
 from streams.runtime.topology import Processor, Timer
 
 if TYPE_CHECKING:
@@ -40,7 +39,7 @@ PROCESSOR = Processor(
 )
 
 
-def register(rt: "Runtime") -> None:
+def register(rt: Runtime) -> None:
     app, s = rt.app, rt.settings
     table = rt.table("graph-state")
     limits = s.limits()

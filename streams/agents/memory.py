@@ -27,14 +27,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
-from streams.contracts import catalog
 from streams.agents import relay_policy
 from streams.agents.memory_store import STATE_TABLE, MemoryStore, UserContained, node_key
 from streams.agents.negotiator_calls import NegotiatorCalls
-from streams.runtime.checkpoint import Checkpoint
-from streams.runtime.handlers import Rejected
-from streams.runtime.topology import Processor, Timer
-from ..core import (
+from streams.analytics import classify_outcome
+from streams.contracts import catalog
+from streams.contracts.deadletter import STAGE_APPLY, STAGE_VALIDATE
+from streams.core import (
     ConsolidationPolicy,
     Outcome,
     PromotionPolicy,
@@ -43,22 +42,18 @@ from ..core import (
     process_candidate,
     process_event,
 )
-from ..analytics import classify_outcome
-from ..core.audit import audit_turn
-from ..core.erasure import ErasurePolicy, erase_step, validate_erase_request
-from ..core.limits import quote
-from ..core.housekeeping import HousekeepingPolicy, sweep_memory
-from ..core.ids import NEGOTIATOR_REQUEST, input_reference
-from ..core.ingest import time_problem, validate_turn
-from ..core.limits import id_problem
-from ..core.negotiator import (
-    forgotten_fingerprints,
-    handle_request,
-    nodes_to_forget,
-    validate_request,
-)
-from ..core.redaction import relay_events
-from streams.contracts.deadletter import STAGE_APPLY, STAGE_VALIDATE
+from streams.core.audit import audit_turn
+from streams.core.erasure import ErasurePolicy, erase_step, validate_erase_request
+from streams.core.housekeeping import HousekeepingPolicy, sweep_memory
+from streams.core.ids import NEGOTIATOR_REQUEST, input_reference
+from streams.core.ingest import time_problem, validate_turn
+from streams.core.limits import id_problem, quote
+from streams.core.negotiator import forgotten_fingerprints, handle_request, nodes_to_forget, validate_request
+from streams.core.redaction import relay_events
+from streams.runtime.checkpoint import Checkpoint
+from streams.runtime.handlers import Rejected
+from streams.runtime.topology import Processor, Timer
+
 from .user_cache import SweepSlices, may_expire
 
 if TYPE_CHECKING:
@@ -86,7 +81,7 @@ KEY_FIELD = {catalog.MEMORY_EVENTS: "motebit_id", catalog.MEMORY_CANDIDATES: "mo
              catalog.ERASE_REQUESTS: "motebit_id"}
 
 
-def policies(rt: "Runtime") -> tuple[ConsolidationPolicy, PromotionPolicy]:
+def policies(rt: Runtime) -> tuple[ConsolidationPolicy, PromotionPolicy]:
     s = rt.settings
     return (
         ConsolidationPolicy(
@@ -108,7 +103,7 @@ class MemoryAgent(NamedTuple):
     calls: NegotiatorCalls
 
 
-def register(rt: "Runtime") -> MemoryAgent:
+def register(rt: Runtime) -> MemoryAgent:
     store = MemoryStore(rt)
     policy_topic = relay_policy.register(rt, store)
     calls = NegotiatorCalls(rt)

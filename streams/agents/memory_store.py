@@ -24,16 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from streams.core import Outcome, UserMemory
+from streams.core.redaction import threshold_for
 from streams.runtime import checkpoint
-from ..core import (
-    Outcome,
-    UserMemory,
-)
-from ..core.redaction import threshold_for
+
 from . import state_scan
 from .user_cache import UserCache, chunk_rows, load_user, side_rows, weight
 
@@ -74,7 +73,7 @@ class MemoryStore:
     Nothing is read at a rebalance: it only drops the loaded users (`_on_rebalance`), so a
     restarted worker is ready as soon as Faust has restored the changelog."""
 
-    def __init__(self, rt: "Runtime") -> None:
+    def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.state = rt.table(STATE_TABLE)  # motebit_id -> aux row; motebit_id/node_id -> node row
         self.negotiator = rt.table("negotiator")

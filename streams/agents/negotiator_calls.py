@@ -22,7 +22,7 @@ TIMEOUT_S = 30.0
 
 
 class NegotiatorCalls:
-    def __init__(self, rt: "Runtime") -> None:
+    def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.pending: dict[str, asyncio.Future] = {}
 

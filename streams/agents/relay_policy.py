@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from streams.contracts import catalog
 from streams.agents.memory_store import MemoryStore
+from streams.contracts import catalog
 from streams.runtime.topology import Processor
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def threshold_change(value: bytes) -> dict:
 
 
 
-def register(rt: "Runtime", store: MemoryStore) -> Any:
+def register(rt: Runtime, store: MemoryStore) -> Any:
     """Start the relay-policy agent; returns its topic (for the API and the erasure)."""
     app = rt.app
     # Per-user relay thresholds change at run time through an internal topic keyed by the user

@@ -36,14 +36,14 @@ from typing import TYPE_CHECKING
 
 from faust.web import Request, Response
 
-from streams.contracts import catalog, deadletter
-from streams.runtime import checkpoint
-from ..analytics import classify_compaction
-from streams.runtime.handlers import Rejected
-from ..core.limits import id_problem
+from streams.analytics import classify_compaction
 from streams.api.http import authenticated
-from ..sessions import lifecycle
+from streams.contracts import catalog, deadletter
+from streams.core.limits import id_problem
+from streams.runtime import checkpoint
+from streams.runtime.handlers import Rejected
 from streams.runtime.topology import Processor
+from streams.sessions import lifecycle
 
 if TYPE_CHECKING:
     from streams.runtime.app import Runtime
@@ -62,7 +62,7 @@ SESSION_MISMATCH = "event.session_mismatch"
 VALIDATE_RULES = (SESSION_MISMATCH, "event.over_limit")
 
 
-def register(rt: "Runtime") -> None:
+def register(rt: Runtime) -> None:
     app = rt.app
     table = rt.table(TABLE)
     limits = rt.settings.limits()

@@ -20,7 +20,8 @@ table's items: right, but it reads every row, so memory:// pays a full scan per 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from faust.types import TP, TableT
 

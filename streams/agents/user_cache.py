@@ -36,14 +36,15 @@ over the bound. Eviction is least recently used first.
 from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
-from ..core import UserMemory
-from ..core.similarity import IndexConfig
-from ..core.housekeeping import HousekeepingPolicy, prune_reason
-from ..core.nodes import NODE_FIELDS, complete_node
-from ..core.state import SideChanges
+from streams.core import UserMemory
+from streams.core.housekeeping import HousekeepingPolicy, prune_reason
+from streams.core.nodes import NODE_FIELDS, complete_node
+from streams.core.similarity import IndexConfig
+from streams.core.state import SideChanges
 
 KEY_SEP = "/"  #: a user id never contains it (validated at ingest): the first one ends the user id
 SEEN_CHUNK_KEY = "~seen/"  #: `<user>/~seen/<k>`: sealed chunk k of the de-duplication window
@@ -128,9 +129,9 @@ def load_user(user: str, rows: Iterable[tuple[str, Any]], *, dedup_max_ids: int,
                     if rest.startswith(SEEN_CHUNK_KEY):
                         target, ident = chunks, int(rest[len(SEEN_CHUNK_KEY):])
                     elif rest.startswith(SIDE_PREFIXES):
-                        target, ident = side, rest
+                        target, ident = side, rest  # type: ignore[assignment]  # three kinds of rows, one update
                     else:
-                        target, ident = by_id, rest
+                        target, ident = by_id, rest  # type: ignore[assignment]
                     if row is None:
                         target.pop(ident, None)
                     else:

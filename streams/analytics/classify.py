@@ -51,12 +51,14 @@ Counter rules
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from streams.contracts import catalog
-from ..core.limits import DEFAULT_LIMITS, is_valid_id
-from ..core.vocabulary import try_normalize_action
+from streams.core.limits import DEFAULT_LIMITS, is_valid_id
+from streams.core.vocabulary import try_normalize_action
+
 from .windows import GRAPH_COST_NANOS, usd_to_nanos
 
 SESSION_PREFIX = "session:"

@@ -26,7 +26,8 @@ Shape::
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .classify import SUBJECT_KINDS, USER, subject_kind
 from .windows import EVENT_COUNTERS, HOUR, SIZES, to_record, window_identity

@@ -102,8 +102,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 STATE_VERSION = 1
 

@@ -43,19 +43,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import orjson
 from faust.web import Request, Response, View
 
-from streams.contracts import catalog
 from streams.analytics import HOUR, MINUTE, merge_summaries, subject_partition, summarize
 from streams.analytics.summary import summarize_records
 from streams.analytics.windows import EVENT_COUNTERS, MINUTE_MS
 from streams.api.http import authenticated
+from streams.contracts import catalog
 
 if TYPE_CHECKING:
     from streams.runtime.app import Runtime
@@ -139,7 +140,7 @@ def _sessions_block(items: Iterable[Mapping[str, Any]], top: int = TOP) -> dict[
 
 def local_part(*, worker: str, url: str, analytics_states: Iterable[Mapping[str, Any] | None],
                graph_states: Iterable[Mapping[str, Any] | None], session_states: Iterable[Mapping[str, Any] | None],
-               lags: list[dict[str, Any]] | None, counters: Mapping[str, Mapping[str, int]],
+               lags: list[dict[str, Any]] | None, counters: Mapping[str, Mapping[str, float]],
                top: int = TOP) -> dict[str, Any]:
     """What one worker contributes (`?scope=local`), from the table values it owns actively."""
     states = [s for s in analytics_states if s is not None]
@@ -261,7 +262,7 @@ def assemble(parts: list[Mapping[str, Any]], *, now_ms: int, user: str | None = 
 # --------------------------------------------------------------------------- the shell
 
 
-def register(rt: "Runtime") -> None:
+def register(rt: Runtime) -> None:
     app = rt.app
     try:
         from streams.api.health import consumer_lag
@@ -333,7 +334,7 @@ def register(rt: "Runtime") -> None:
     class DashboardPage(View):  # no auth: the page holds no data, it asks for a token
         async def get(self, request: Request) -> Response:
             try:
-                html = PAGE.read_text(encoding="utf-8")
+                html = PAGE.read_text(encoding="utf-8")  # noqa: ASYNC240 - a small local file, read per page view
             except OSError as exc:
                 return self.text(f"dashboard page missing: {exc}", status=500)
             return self.html(html, headers=dict(PAGE_HEADERS))

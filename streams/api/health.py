@@ -117,7 +117,7 @@ def judge(status: str, reason: str, problems: list[dict]) -> tuple[str, str]:
     return status, reason
 
 
-def _problems(rt: "Runtime", in_recovery: bool, remaining: int) -> list[dict]:
+def _problems(rt: Runtime, in_recovery: bool, remaining: int) -> list[dict]:
     out: list[dict] = []
     probe = getattr(rt, "probe", None)
     if probe is not None:
@@ -156,7 +156,7 @@ def _sources(app, tps) -> list[TP]:
     return sorted(tp for tp in tps if tp.topic not in changelogs and not tp.topic.endswith(LEADER_TOPIC_SUFFIX))
 
 
-def health(rt: "Runtime") -> Health:
+def health(rt: Runtime) -> Health:
     app = rt.app
     recovery = app.tables.recovery  # type: ignore[attr-defined]
     completed = recovery.completed.is_set()
@@ -188,7 +188,7 @@ def health(rt: "Runtime") -> Health:
                   standby_partitions=len(standbys), problems=problems)
 
 
-async def consumer_lag(rt: "Runtime") -> list[PartitionLag]:
+async def consumer_lag(rt: Runtime) -> list[PartitionLag]:
     """Committed offset and high watermark of every input partition this worker owns."""
     app = rt.app
     tps = _sources(app, app.assignor.assigned_actives())
@@ -228,7 +228,7 @@ class _TableSizes:
         self.cost = 0.0
         self.sizes: dict[str, int] = {}
 
-    def get(self, rt: "Runtime") -> dict[str, int]:
+    def get(self, rt: Runtime) -> dict[str, int]:
         now = time.monotonic()
         if self.cost < 0.05 or now - self.at >= TABLE_SIZE_TTL_S or set(self.sizes) != set(rt.tables):
             sizes = {}
@@ -299,7 +299,7 @@ def worker_families(h: Health | None, lags: list[PartitionLag], table_sizes: dic
 class WorkerCollector(Collector):
     """The Faust-derived gauges, computed when the registry is collected (at scrape time)."""
 
-    def __init__(self, rt: "Runtime") -> None:
+    def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.sizes = _TableSizes()
         self.lags: list[PartitionLag] = []
@@ -316,7 +316,7 @@ class WorkerCollector(Collector):
         return worker_families(h, self.lags if h.status != "stopping" else [], self.sizes.get(self.rt))
 
 
-def register(rt: "Runtime") -> None:
+def register(rt: Runtime) -> None:
     app = rt.app
     collector = WorkerCollector(rt)
     rt.metrics.registry.register(collector)

@@ -28,9 +28,10 @@ import asyncio
 import inspect
 import logging
 import re
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import wraps
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any
 
 import aiohttp
 import orjson
@@ -319,7 +320,7 @@ class ApiView(View):
         """The request body, within the read timeout (BodyTimeout: answer 408)."""
         try:
             return await asyncio.wait_for(request.read(), self.read_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise BodyTimeout(f"the request body did not arrive within {self.read_timeout_s:g} s") from None
 
     async def json_body(self, request: Request) -> dict:
@@ -356,7 +357,7 @@ class ApiView(View):
                 body = await resp.read()
                 relayed = {k: resp.headers[k] for k in ("Retry-After",) if k in resp.headers}
                 return self.bytes(body, content_type=resp.content_type, status=resp.status, headers=relayed or None)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             log.warning("forwarding %s %s to %s failed: %r", request.method, request.path, dest, exc)  # type: ignore[attr-defined]
             return self.unavailable(f"the partition owner {dest} did not answer; retry")
 

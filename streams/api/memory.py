@@ -7,7 +7,6 @@ topic, erasure and negotiator requests through their input topics).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -16,19 +15,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from faust.web import Request, Response
 
-from streams.contracts import catalog
-from streams.agents.memory_store import MemoryStore, UserContained
 from streams.agents import relay_policy
+from streams.agents.memory_store import MemoryStore, UserContained
 from streams.agents.negotiator_calls import NegotiatorCalls
-from streams.runtime.topology import Producer
-from ..core.erasure import erase_request
-from ..core.ingest import REDACTED_CONTENT
-from ..core.limits import LimitExceeded, check_id
-from ..core.negotiator import (
-    forget_result_of,
-)
-from ..core.redaction import threshold_for
-from ..core.vocabulary import SENSITIVITY_LEVELS
 from streams.api.http import (
     SCOPE_ADMIN,
     SCOPE_NEGOTIATOR,
@@ -39,6 +28,14 @@ from streams.api.http import (
     parse_ms,
     visible,
 )
+from streams.contracts import catalog
+from streams.core.erasure import erase_request
+from streams.core.ingest import REDACTED_CONTENT
+from streams.core.limits import LimitExceeded, check_id
+from streams.core.negotiator import forget_result_of
+from streams.core.redaction import threshold_for
+from streams.core.vocabulary import SENSITIVITY_LEVELS
+from streams.runtime.topology import Producer
 
 if TYPE_CHECKING:
     from streams.runtime.app import Runtime
@@ -55,7 +52,7 @@ PRODUCER = Producer(
 )
 
 
-def register(rt: "Runtime", store: MemoryStore, policy_topic: Any, calls: NegotiatorCalls) -> None:
+def register(rt: Runtime, store: MemoryStore, policy_topic: Any, calls: NegotiatorCalls) -> None:
     app = rt.app
     limits = rt.settings.limits()
 
@@ -181,7 +178,7 @@ def register(rt: "Runtime", store: MemoryStore, policy_topic: Any, calls: Negoti
         async def _local(self, user_id: str, body: dict, allowed: str) -> Response:
             try:
                 reply = await calls.call(user_id, body, self.op)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return self.unavailable("no answer within 30s (rebalancing?); retry with the same requestId")
             if reply.get("error"):
                 return self.error(400, reply["error"])

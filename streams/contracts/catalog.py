@@ -7,8 +7,8 @@ table is generated from them, and the Faust app declares its topics from them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from streams.settings import Settings
 

@@ -29,9 +29,10 @@ import json
 import random
 import struct
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, TextIO
+from typing import Any, TextIO
 
 import avro.schema
 from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType

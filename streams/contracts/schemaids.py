@@ -11,8 +11,8 @@ it used meant (`KnownIds`, saved in its data dir) and compares it with the regis
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class KnownIds:
     cluster_id: str
     ids: Mapping[int, KnownSchema]
 
-    def learn(self, learned: Mapping[int, KnownSchema], limit: int) -> "KnownIds":
+    def learn(self, learned: Mapping[int, KnownSchema], limit: int) -> KnownIds:
         """These ids added (an id already known keeps what it meant: a different meaning is a
         mismatch, never an update); at most `limit` ids, the most recently learned kept."""
         ids = dict(self.ids)
@@ -60,7 +60,7 @@ class KnownIds:
             ids = dict(list(ids.items())[len(ids) - limit:])
         return KnownIds(self.cluster_id, ids)
 
-    def for_cluster(self, cluster_id: str) -> "KnownIds":
+    def for_cluster(self, cluster_id: str) -> KnownIds:
         """Itself for the same cluster; nothing known for another one."""
         return self if cluster_id == self.cluster_id else KnownIds(cluster_id, {})
 
@@ -70,7 +70,7 @@ class KnownIds:
                           indent=1, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str, limit: int) -> "KnownIds":
+    def from_json(cls, text: str, limit: int) -> KnownIds:
         """Parsed back; raises ValueError on anything that is not what `to_json` writes."""
         try:
             doc = json.loads(text)

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from fastavro import parse_schema
 from fastavro.schema import fingerprint as _fingerprint_hex
@@ -65,7 +66,7 @@ class SchemaVersion:
     fingerprint: bytes  # CRC-64-AVRO of `canonical`, wire (little-endian) byte order
 
     @classmethod
-    def from_source(cls, source: dict[str, Any], stem: str, version: str) -> "SchemaVersion":
+    def from_source(cls, source: dict[str, Any], stem: str, version: str) -> SchemaVersion:
         """Parse a schema given as JSON data; raises fastavro's errors on an invalid schema."""
         parsed = parse_schema(source, named_schemas={})
         canonical = to_parsing_canonical_form(parsed)
@@ -123,7 +124,7 @@ class SchemaSet:
     released: dict[str, tuple[SchemaVersion, ...]]  # oldest first
 
     @classmethod
-    def load(cls, schemas_dir: Path) -> "SchemaSet":
+    def load(cls, schemas_dir: Path) -> SchemaSet:
         """Load a schemas directory; the first broken file raises SchemaLoadError."""
         current: dict[str, SchemaVersion] = {}
         released: dict[str, list[SchemaVersion]] = {}

@@ -44,7 +44,8 @@ import io
 import json
 import urllib.error
 import urllib.request
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -181,7 +182,7 @@ class CodecFactory:
         self._parsed_by_text: dict[tuple[int, str], SchemaVersion] = {}
 
     @classmethod
-    def from_url(cls, registry_url: str, schema_set: SchemaSet | None = None) -> "CodecFactory":
+    def from_url(cls, registry_url: str, schema_set: SchemaSet | None = None) -> CodecFactory:
         """A factory for a registry URL (``mock://...`` gives an in-process mock); empty = no registry."""
         # a bounded timeout: the client's default waits forever on a registry that hangs
         registry = SchemaRegistryClient.new_client({"url": registry_url, "timeout": REGISTRY_TIMEOUT_S}) if registry_url else None
@@ -219,7 +220,7 @@ class CodecFactory:
         self._writers_by_id[schema_id] = version
         return schema_id
 
-    def codec(self, stem: str) -> "ValueCodec":
+    def codec(self, stem: str) -> ValueCodec:
         """The codec of a value schema stem (e.g. ``memory_event``); one instance per stem."""
         if stem not in self._codecs:
             self._codecs[stem] = ValueCodec(self, self.schema_set.get(stem))
@@ -328,7 +329,7 @@ def confluent_schema_id(data: bytes | None) -> int | None:
     return None
 
 
-def decode_with_shipped_schemas(codec: "ValueCodec", data: bytes) -> tuple[dict[str, Any], SchemaVersion]:
+def decode_with_shipped_schemas(codec: ValueCodec, data: bytes) -> tuple[dict[str, Any], SchemaVersion]:
     """A Confluent-framed value read without the registry: its body is tried with each version of
     the codec's schema this package ships (current first, then released ones), and the first that
     reads the whole body cleanly wins. For a topic that carries one record type (the DLQ), when
@@ -516,7 +517,7 @@ class ApicurioIds:
     own API by ``fetch`` (``globalId -> schema text``; by default over HTTP beside the registry URL).
     """
 
-    def __init__(self, factory: "CodecFactory", fetch: Callable[[int], str] | None = None) -> None:
+    def __init__(self, factory: CodecFactory, fetch: Callable[[int], str] | None = None) -> None:
         self.factory = factory
         self.fetch = fetch or self._fetch_over_http
         self._by_global_id: dict[int, SchemaVersion | WireFormatError] = {}  # bounded: _REFUSED_IDS_KEPT

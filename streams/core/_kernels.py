@@ -14,7 +14,8 @@ next to this file in ``__pycache__`` when that directory is writable.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

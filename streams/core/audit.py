@@ -53,8 +53,9 @@ grapheme cluster (e.g. a ZWJ emoji sequence) may be cut; no code point is ever s
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from .ids import TURN, event_id_for, input_reference
 from .similarity import has_negation, normalize_text, text_similarity

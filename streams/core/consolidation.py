@@ -37,8 +37,9 @@ node upserts, and updates the :class:`~streams.core.state.UserMemory` in place.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from .ids import event_id_for, node_id_for
 from .nodes import DAY_MS, content_fingerprint, make_node

@@ -36,8 +36,9 @@ partition order; nodes they form are erased by the later steps.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .ids import derive_id, event_id_for
 from .ingest import Rejection

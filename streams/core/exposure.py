@@ -9,8 +9,9 @@ candidate goes on to consolidation; instruction-form ones are formed with
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .hints import HeaderHints, hints_record, is_instruction_entry, read_header_hints
 from .ids import quarantine_id_for

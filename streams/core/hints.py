@@ -23,7 +23,8 @@ HTTP API, audits): ``frontmatter_type == "feedback"`` or the hints declare ``pin
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, TypedDict
+from collections.abc import Iterable
+from typing import Any, TypedDict
 
 _LINE = re.compile(r"^(pinned|triggers|last-confirmed|applies-when):(.*)$", re.DOTALL)
 _ISO_DATE_PREFIX = re.compile(r"^\d{4}-\d{2}-\d{2}")

@@ -50,8 +50,9 @@ pin that overtakes its node still applies. Pinning a deleted node does nothing.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from .ids import HOUSEKEEPING, event_id_for, input_reference
 from .nodes import (
@@ -63,6 +64,9 @@ from .nodes import (
 )
 from .state import UserMemory
 from .vocabulary import SENSITIVITY_LEVELS, is_sensitivity
+
+if TYPE_CHECKING:
+    from .process import Outcome
 
 #: Reasons returned by :func:`prune_reason` / :func:`select_expired`.
 REASON_DECAYED = "decayed"
@@ -172,7 +176,7 @@ def deletion_event(motebit_id: str, node_id: str, now_ms: int, version_clock: in
     }
 
 
-def sweep_memory(memory: UserMemory, now_ms: int, policy: HousekeepingPolicy | None = None) -> "Outcome":
+def sweep_memory(memory: UserMemory, now_ms: int, policy: HousekeepingPolicy | None = None) -> Outcome:
     """Run housekeeping on one user's state: erase every expired node (its fingerprint and
     id are remembered, so it never re-forms) and return an
     :class:`~streams.core.process.Outcome` with one ``memory_deleted`` per node on the ledger

@@ -44,8 +44,9 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .limits import (
     DEFAULT_LIMITS,
@@ -97,7 +98,7 @@ CANDIDATE_FIELDS: tuple[str, ...] = (
 MIN_TIME_MS = 946_684_800_000
 
 
-def time_problem(record: Any, record_time_ms: int | None, limits: Limits = DEFAULT_LIMITS) -> "Rejection | None":
+def time_problem(record: Any, record_time_ms: int | None, limits: Limits = DEFAULT_LIMITS) -> Rejection | None:
     """A Rejection (``invalid_time``) when a memory input's event time is before 2000-01-01 or
     later than ``record_time_ms`` (the Kafka record's timestamp: what a replay sees again, so the
     decision never changes) plus ``max_future_skew_ms``; None otherwise. Checked: ``timestamp``
@@ -534,7 +535,7 @@ class DedupWindow:
         return {"ids": [[k, v] for k, v in self._ids.items()], "high_water": self.high_water, "duplicates": self.duplicates}
 
     @classmethod
-    def from_record(cls, rec: Mapping[str, Any] | None, max_ids: int = 10_000, horizon_ms: int = 7 * 24 * 60 * 60 * 1000) -> "DedupWindow":
+    def from_record(cls, rec: Mapping[str, Any] | None, max_ids: int = 10_000, horizon_ms: int = 7 * 24 * 60 * 60 * 1000) -> DedupWindow:
         w = cls(max_ids, horizon_ms)
         if rec and "tail" in rec:
             raise ValueError("a compact window record needs its chunks: use DedupWindow.from_tail_record")
@@ -586,7 +587,7 @@ class DedupWindow:
 
     @classmethod
     def from_tail_record(cls, rec: Mapping[str, Any], chunks: Mapping[int, list], max_ids: int = 10_000,
-                         horizon_ms: int = 7 * 24 * 60 * 60 * 1000) -> "DedupWindow":
+                         horizon_ms: int = 7 * 24 * 60 * 60 * 1000) -> DedupWindow:
         w = cls(max_ids, horizon_ms, int(rec.get("chunk_size", SEEN_CHUNK_SIZE)))
         for k in sorted(chunks):
             for key, ts in chunks[k]:
@@ -600,7 +601,7 @@ class DedupWindow:
         w._evict()  # the same window as before the restart (eviction only ever drops a prefix)
         return w
 
-    def copy(self) -> "DedupWindow":
+    def copy(self) -> DedupWindow:
         w = DedupWindow(self.max_ids, self.horizon_ms, self.chunk_size)
         w._ids = OrderedDict(self._ids)
         w.high_water = self.high_water

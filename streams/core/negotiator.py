@@ -66,7 +66,8 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .exposure import content_gate
 from .ids import derive_id

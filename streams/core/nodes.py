@@ -10,7 +10,8 @@ the new node's ``valid_from`` and ``as_of`` returns both versions of history.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .similarity import normalize_text
 

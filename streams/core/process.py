@@ -10,8 +10,9 @@ Validation happens before any mutation, so a rejected record leaves the state un
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .consolidation import (
     ConsolidationPolicy,

@@ -9,8 +9,9 @@ same node again yields the same event id.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .ids import event_id_for
 

@@ -54,7 +54,8 @@ SensitivityLevel is ignored in favour of the most restrictive level, ``none`` (f
 
 from __future__ import annotations
 
-from typing import Any, Collection, Mapping
+from collections.abc import Collection, Mapping
+from typing import Any
 
 from .ids import derive_id
 from .ingest import REDACTED_CONTENT

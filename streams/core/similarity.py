@@ -61,8 +61,9 @@ import math
 import re
 import unicodedata
 import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Sequence, TypeGuard
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -737,7 +738,7 @@ class SimilarityIndex:
     @classmethod
     def from_nodes(
         cls, nodes: Iterable[Mapping[str, Any]], config: IndexConfig | None = None
-    ) -> "SimilarityIndex":
+    ) -> SimilarityIndex:
         """Rebuild from node records: every node whose validity is still open
         (``valid_until`` is null) is indexed on its content and embedding."""
         idx = cls(config)

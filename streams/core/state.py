@@ -31,8 +31,9 @@ partly written batch — is the shell's business (``streams.agents.user_cache``)
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from .ingest import DedupWindow
 from .nodes import as_of, complete_node, is_open
@@ -103,7 +104,7 @@ class UserMemory:
         deleted_node_ids: Iterable[str] = (),
         deleted_fingerprints: Iterable[str] = (),
         pins: Mapping[str, Any] | None = None,
-    ) -> "UserMemory":
+    ) -> UserMemory:
         """Rebuild from the durable state: node records (any order), the aux record and, when
         the aux record is compact (``aux_record(compact=True)``), what it leaves out: the sealed
         chunks of its de-duplication window (``seen_chunks``: chunk number → its rows, as
@@ -189,7 +190,7 @@ class UserMemory:
         its window (``seen_chunks`` of :meth:`from_nodes`)."""
         return self.seen.take_changes()
 
-    def clone(self) -> "UserMemory":
+    def clone(self) -> UserMemory:
         """An independent copy (rebuilt from the durable state, as after a restart)."""
         copy = UserMemory.from_nodes(
             self.motebit_id,

@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from .paths import FIELDS, graph_events_path, to_line
 

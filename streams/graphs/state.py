@@ -59,9 +59,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from ..core.limits import DEFAULT_LIMITS, LimitExceeded, Limits, check_chars, check_count, check_id, quote
+from streams.core.limits import DEFAULT_LIMITS, LimitExceeded, Limits, check_chars, check_count, check_id, quote
+
 from .paths import ParseError, validate_record
 
 RECENT_IDS = 512

@@ -17,22 +17,16 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import faust
 from faust.types import TP
 
-from streams.contracts import catalog, deadletter
-from streams.runtime import checkpoint, codecs, faust_internals
-from streams.runtime.handlers import PipelineHook, Rejected
-from streams.core.partitioning import misrouted, partition_for
 from streams.api.http import PartitionRouter, ServerLimits, api_view, install_server_limits, parse_tokens
-from streams.runtime.metrics import Metrics
-from streams.runtime.outputs import OutputProducer, OutputsFailed
-from streams.runtime.rebalance import RebalanceSafeConsumer
-from streams.settings import Settings
+from streams.contracts import catalog, deadletter
 from streams.contracts.wire import (
     CodecFactory,
     RegistryError,
@@ -41,6 +35,13 @@ from streams.contracts.wire import (
     decode_key,
     encode_key,
 )
+from streams.core.partitioning import misrouted, partition_for
+from streams.runtime import checkpoint, codecs, faust_internals
+from streams.runtime.handlers import PipelineHook, Rejected
+from streams.runtime.metrics import Metrics
+from streams.runtime.outputs import OutputProducer, OutputsFailed
+from streams.runtime.rebalance import RebalanceSafeConsumer
+from streams.settings import Settings
 
 if TYPE_CHECKING:
     from streams.runtime.probe import WorkerProbe
@@ -149,7 +150,7 @@ class Runtime:
         self.internal_topics: list[tuple[str, int, dict[str, str]]] = []
         self.View = api_view(parse_tokens(settings.api_tokens))  # base class of every HTTP view
         #: set by `memstream worker`: watches the registry ids, broker and disk (streams/runtime/probe.py)
-        self.probe: "WorkerProbe | None" = None
+        self.probe: WorkerProbe | None = None
         #: topic -> (since, why) of an agent waiting on one record (reported by /health)
         self.stalls: dict[str, tuple[float, str]] = {}
         self.recovery_progress: tuple[int, float] | None = None  # api/health.py: (offsets left, since)
@@ -186,9 +187,9 @@ class Runtime:
                     cp.record_state_ack(fut)
                 return fut
             # a batch's rows go through the output producer too (same bytes as Faust's send)
-            k = changelog.prepare_key(key, key_serializer or table.key_serializer, None, None)[0]
+            k = changelog.prepare_key(key, key_serializer or table.key_serializer, None, None)[0]  # type: ignore[attr-defined]
             v = None if value is None else changelog.prepare_value(
-                value, value_serializer or table.value_serializer, None, None)[0]
+                value, value_serializer or table.value_serializer, None, None)[0]  # type: ignore[attr-defined]
             if cp.state_deliveries is None:
                 cp.state_deliveries = self.output_producer.deliveries(on_done=self._persisted)
                 cp.record_state_ack(cp.state_deliveries)
@@ -256,7 +257,7 @@ class Runtime:
 
         async def handle(cp: checkpoint.Checkpoint, event: faust.types.EventT) -> bool:
             try:
-                await handler(cp, event.message.partition, int(event.message.value))
+                await handler(cp, event.message.partition, int(event.message.value))  # type: ignore[arg-type]
                 return True
             except Exception:  # noqa: BLE001 - a failed sweep must not stop the worker
                 log.exception("%s tick on partition %s failed", name, event.message.partition)
@@ -322,6 +323,7 @@ class Runtime:
                        value: bytes | None, headers: list[tuple[str, bytes]] | None) -> None:
         """One encoded record through the output producer, acknowledged with `cp` (without one:
         awaited here)."""
+        assert self.output_producer is not None, "only with MEMSTREAM_OUTPUT_PRODUCER=librdkafka"
         if cp is None:
             await self.output_producer.send_and_wait(topic_name, key, value, headers)
             return
@@ -458,7 +460,7 @@ class Runtime:
             log.info("stopping: waiting for %d batch(es) in flight", self._inflight)
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("stopping: %d batch(es) still in flight after %.0fs; their records are not committed "
                         "and will be read again", self._inflight, timeout)
         if self.output_producer is not None:  # every batch awaited its outputs: normally nothing left
@@ -546,7 +548,7 @@ class _DrainingApp(faust.App):
     `wait_empty` returns at once once the consumer is stopping), so a batch could write rows
     into closed tables, or after its partition was handed to another worker."""
 
-    memstream_runtime: "Runtime | None" = None
+    memstream_runtime: Runtime | None = None
 
     async def on_stop(self) -> None:
         if self.memstream_runtime is not None:

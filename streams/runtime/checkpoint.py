@@ -95,9 +95,10 @@ from __future__ import annotations
 import asyncio
 import copy
 import weakref
-from contextlib import nullcontext
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, ContextManager, Protocol
+from typing import Any, Protocol
 
 from faust.stores.base import SerializedStore
 from faust.types import EventT, TableT
@@ -157,7 +158,7 @@ def _current(table: TableT, key: str) -> Any:
     return row if isinstance(getattr(table, "data", None), SerializedStore) else copy.deepcopy(row)
 
 
-def _then(first: Any, then: Update, cp: "Checkpoint") -> Update:
+def _then(first: Any, then: Update, cp: Checkpoint) -> Update:
     """`then` applied after an earlier staged value of the same key (a value, DELETE, an Update
     or a callable(checkpoint))."""
     def fn(row: Any) -> Any:
@@ -181,14 +182,14 @@ class Sink(Protocol):
     """The runtime side of a checkpoint (`streams.runtime.app.Runtime`)."""
 
     async def send(self, topic: str, key: str, value: dict | None,
-                   headers: list[tuple[str, bytes]] | None = None, cp: "Checkpoint | None" = None) -> None:
+                   headers: list[tuple[str, bytes]] | None = None, cp: Checkpoint | None = None) -> None:
         """Send an output record; with `cp`, its acknowledgement joins the checkpoint's."""
 
-    async def dead_letter(self, cp: "Checkpoint", event: EventT, stage: str, reason: str, error_class: str,
+    async def dead_letter(self, cp: Checkpoint, event: EventT, stage: str, reason: str, error_class: str,
                           keep_value: bool = True) -> None:
         """Send `event`'s record to the dead-letter topic, acknowledged with `cp`."""
 
-    def rows_of(self, cp: "Checkpoint") -> ContextManager[None]:
+    def rows_of(self, cp: Checkpoint) -> AbstractContextManager[None]:
         """While `cp` writes its rows, the tables' changelog acknowledgements are `cp`'s."""
 
 

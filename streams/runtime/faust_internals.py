@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from importlib import metadata
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from faust import streams as _faust_streams
 
@@ -159,7 +160,7 @@ def install_consumer_class(app: faust.App, cls: type) -> None:
     faust-streaming 0.15.3 has no setting for the consumer class of the `kafka://` transport:
     `Transport.Consumer` is a class attribute. memstream installs its rebalance-safe consumer
     (streams/runtime/rebalance.py)."""
-    app.transport.Consumer = cls
+    app.transport.Consumer = cls  # type: ignore[misc]
 
 
 def committed_offset(consumer: Any, tp: TP) -> int | None:
@@ -211,9 +212,9 @@ def rebuild_changelog_topic(table: TableT, key_serializer: str, value_serializer
     derived from `key_type` (JSON when unset), ignoring the schema; `Collection._new_changelog_topic`
     builds it again. memstream needs the changelog keys to be the source key bytes (routing and the
     changelog partition hash them)."""
-    table.key_serializer = key_serializer
-    table.value_serializer = value_serializer
-    table.changelog_topic = table._new_changelog_topic()
+    table.key_serializer = key_serializer  # type: ignore[attr-defined]
+    table.value_serializer = value_serializer  # type: ignore[attr-defined]
+    table.changelog_topic = table._new_changelog_topic()  # type: ignore[attr-defined]
     return table.changelog_topic
 
 
@@ -224,7 +225,7 @@ def replace_send_changelog(table: TableT, send: Callable[..., Any]) -> None:
     faust-streaming 0.15.3: `Table.on_key_set` / `on_key_del` call `send_changelog` and read only
     the returned message's partition; memstream makes a batch wait for its rows (and may send them
     through its own producer, streams/runtime/outputs.py)."""
-    table.send_changelog = send
+    table.send_changelog = send  # type: ignore[method-assign]
 
 
 class _ChangelogSent:
@@ -247,7 +248,7 @@ def mark_changelog_persisted(table: TableT, tp: TP, offset: int) -> None:
     """What Faust does once it has sent a changelog row (faust-streaming 0.15.3
     `Collection._on_changelog_sent`): remember the offset in the table's local store, so that
     recovery reads only what follows. Needed for rows memstream sends itself."""
-    table.data.set_persisted_offset(tp, offset)
+    table.data.set_persisted_offset(tp, offset)  # type: ignore[attr-defined]
 
 
 def rocksdb_store(table: TableT) -> Any | None:
@@ -306,7 +307,7 @@ def install_web_runner(app: faust.App, make_runner: Callable[[Any], Any]) -> Non
     server starts). faust-streaming 0.15.3 `faust.web.drivers.aiohttp.Web._runner`, built as
     `AppRunner(web_app, access_log=None)` with no limits: memstream needs timeouts and a connection
     cap (streams/api/http.py `install_server_limits`)."""
-    app.web._runner = make_runner(app.web.web_app)
+    app.web._runner = make_runner(app.web.web_app)  # type: ignore[attr-defined]
 
 
 def worker_class(on_first_stop_signal: Callable[[], None]) -> type:

@@ -13,7 +13,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from streams.contracts.deadletter import STAGE_VALIDATE
 
@@ -32,13 +33,13 @@ class Rejected(Exception):
 
 
 class PipelineHook(Protocol):
-    def increments(self, cp: "Checkpoint", increments: Iterable[Any]) -> None:
+    def increments(self, cp: Checkpoint, increments: Iterable[Any]) -> None:
         """Classified increments of the record being handled (staged through `cp`)."""
 
-    def erase(self, cp: "Checkpoint", subject: str) -> None:
+    def erase(self, cp: Checkpoint, subject: str) -> None:
         """Stage the removal of everything kept about `subject` (the last step of an erasure)."""
 
-    def dead_lettered(self, cp: "Checkpoint", record: Mapping[str, Any], event_time_ms: int, index: int,
+    def dead_lettered(self, cp: Checkpoint, record: Mapping[str, Any], event_time_ms: int, index: int,
                       partition: int) -> None:
         """A dead letter was sent: `record` (the DeadLetter record), the input's timestamp, the
         n-th dead letter of that input (`index`) and its partition."""

@@ -30,10 +30,17 @@ No Faust, no Kafka (tests/runtime/test_metrics.py parses the output).
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import disable_created_metrics
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.metrics_core import Metric
 
 disable_created_metrics()  # process-wide in prometheus_client 0.26 (see the module docstring)

@@ -41,7 +41,8 @@ import asyncio
 import logging
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -143,7 +144,7 @@ class OutputProducer:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_worker(cls, broker: str, client_id: str, linger_ms: int, max_request_size: int) -> "OutputProducer":
+    def for_worker(cls, broker: str, client_id: str, linger_ms: int, max_request_size: int) -> OutputProducer:
         return cls({
             "bootstrap.servers": broker,
             "client.id": client_id,

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streams.contracts.schemaids import IdMismatch, KnownIds, KnownSchema, mismatches
-from streams.settings import Settings
 from streams.contracts.wire import RegistryError
+from streams.settings import Settings
 
 if TYPE_CHECKING:
     from streams.contracts.schemas import SchemaVersion
@@ -53,7 +53,7 @@ REASONS = ("registry_unreachable", "registry_mismatch", "broker_unreachable", "d
            "agent_stalled")
 
 
-def known_schema(version: "SchemaVersion") -> KnownSchema:
+def known_schema(version: SchemaVersion) -> KnownSchema:
     return KnownSchema(version.name, version.fingerprint.hex())
 
 
@@ -83,7 +83,7 @@ class _DiskFullLogHook(logging.Handler):
 
 
 class WorkerProbe:
-    def __init__(self, settings: Settings, codecs: "CodecFactory") -> None:
+    def __init__(self, settings: Settings, codecs: CodecFactory) -> None:
         self.settings = settings
         self.codecs = codecs
         self.path = Path(settings.data_dir) / KNOWN_IDS_FILE

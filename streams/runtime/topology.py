@@ -24,8 +24,9 @@ the listing).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from streams.contracts import catalog
 
@@ -95,7 +96,7 @@ class Registered:
     internal_topics: set[str] = field(default_factory=set)  # suffixes; tick topics included, changelogs not
     agents: dict[str, set[str]] = field(default_factory=dict)  # Faust agent -> topics read (internal: suffix)
 
-    def minus(self, before: "Registered") -> "Registered":
+    def minus(self, before: Registered) -> Registered:
         """What was registered since `before` (one module's `register`)."""
         return Registered(self.stores - before.stores, self.internal_topics - before.internal_topics,
                           {a: t for a, t in self.agents.items() if a not in before.agents})
@@ -105,7 +106,7 @@ class TopologyMismatch(RuntimeError):
     """The agents registered something their declarations do not say (or the reverse)."""
 
 
-def registered(rt: "Runtime") -> Registered:
+def registered(rt: Runtime) -> Registered:
     prefix = f"{rt.settings.app_id}-"
     changelogs = {t.changelog_topic.get_topic_name() for t in rt.tables.values()}
 
@@ -139,17 +140,18 @@ def mismatches(actual: Registered, processors: Iterable[Processor]) -> list[str]
         problems += [f"{what} {n!r} is registered but no processor declares it" for n in sorted(have - declared)]
         problems += [f"{what} {n!r} is declared but not registered" for n in sorted(declared - have)]
     for name in sorted(actual.agents.keys() | want.agents.keys()):
-        have, declared = actual.agents.get(name), want.agents.get(name)
-        if declared is None:
+        reads = actual.agents.get(name)
+        says = want.agents.get(name)
+        if says is None:
             problems.append(f"agent {name!r} is registered but no processor (or timer) declares it")
-        elif have is None:
+        elif reads is None:
             problems.append(f"agent {name!r} is declared but not registered")
-        elif have != declared:
-            problems.append(f"agent {name!r} reads {sorted(have)}, its declaration says {sorted(declared)}")
+        elif reads != says:
+            problems.append(f"agent {name!r} reads {sorted(reads)}, its declaration says {sorted(says)}")
     return problems
 
 
-def check(rt: "Runtime", processors: Iterable[Processor]) -> None:
+def check(rt: Runtime, processors: Iterable[Processor]) -> None:
     """Refuse a runtime whose registered agents differ from the declarations (once, at registration)."""
     problems = mismatches(registered(rt), processors)
     if problems:
@@ -185,7 +187,7 @@ def describe(processors: Iterable[Processor], producers: Iterable[Producer] = ()
         for q in producers:
             lines += ["", f"  Producer: {q.name}  ({q.module})", f"    {q.description}",
                       f"    sinks:   {_listing([*q.sinks, *map(_internal, q.internal_sinks)])}"]
-    written = {t for d in [*processors, *producers] for t in d.sinks}
+    written = {t for p in processors for t in p.sinks} | {t for q in producers for t in q.sinks}
     clients = [t.name for t in catalog.topics() if t.direction == "in" and t.name not in written]
     if clients:
         lines += ["", f"Inputs only clients write (agents, devices; `memstream generate`): {_listing(clients)}"]

@@ -11,8 +11,8 @@ import logging
 import shutil
 from pathlib import Path
 
-from streams.settings import Settings
 from streams.contracts.topics import TopicError, missing_topics
+from streams.settings import Settings
 
 log = logging.getLogger("memstream.worker")
 
@@ -24,9 +24,9 @@ def run(settings: Settings) -> int:
             f"{len(missing)} catalog topic(s) missing ({', '.join(missing[:3])}…); run `memstream topics apply` first"
         )
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
+    from streams.contracts.topics import ensure_internal
     from streams.runtime import faust_internals
     from streams.runtime.app import create_runtime
-    from streams.contracts.topics import ensure_internal
 
     rt = create_runtime(settings)
     app = rt.app
@@ -50,7 +50,7 @@ def run(settings: Settings) -> int:
     rt.probe.start(cluster_id(settings))  # disk and registry ids checked before anything is consumed
 
     # SIGTERM / SIGINT: bounded, whatever the state
-    class _Worker(faust_internals.worker_class(lambda: arm_shutdown_deadline(settings.shutdown_timeout_s))):
+    class _Worker(faust_internals.worker_class(lambda: arm_shutdown_deadline(settings.shutdown_timeout_s))):  # type: ignore[misc]
         def on_setup_root_logger(self, logger, level) -> None:  # Faust replaced the root handlers
             super().on_setup_root_logger(logger, level)
             rt.probe.watch_log(logger)  # type: ignore[union-attr]

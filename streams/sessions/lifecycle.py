@@ -100,10 +100,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
-from ..core.limits import DEFAULT_LIMITS, LimitExceeded, Limits, check_chars, check_count, check_id, quote
+from streams.core.limits import DEFAULT_LIMITS, LimitExceeded, Limits, check_chars, check_count, check_id, quote
+
 from .tokens import price_message
 
 MAX_COMPACTIONS = 256
@@ -245,7 +247,7 @@ def seen_check(state: Mapping[str, Any], event: Mapping[str, Any]) -> tuple[str,
             "cannot tell a redelivery from a reused seq")
 
 
-def _remember_seq(ctx: "_Ctx", state: Mapping[str, Any], event: Mapping[str, Any]) -> None:
+def _remember_seq(ctx: _Ctx, state: Mapping[str, Any], event: Mapping[str, Any]) -> None:
     """Record the applied event's fingerprint; keep the newest SEQ_WINDOW."""
     floor = _seq_floor(state)
     prints = dict(ctx.internal.get("seqPrints") or {})

@@ -26,8 +26,9 @@ from __future__ import annotations
 import copy
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from . import lifecycle
 from .tokens import price_message, text_block, tool_call_block

@@ -25,7 +25,8 @@ A missing / ``None`` string counts as length 0. A ContentBlock is a dict
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 BLOCK_OVERHEAD = 4
 ROLE_OVERHEAD = 4

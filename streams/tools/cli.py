@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from streams.settings import Settings, SettingsError
 
@@ -17,9 +17,9 @@ EXIT_ERROR = 2
 
 # Error types a user can act on: reported in one line. Filled lazily (modules import heavy deps).
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from streams.contracts.topics import TopicError
     from streams.tools.demo import DemoError
     from streams.tools.devstack import StackError
-    from streams.contracts.topics import TopicError
 
     errors: list[type[BaseException]] = [SettingsError, StackError, TopicError, DemoError, FileNotFoundError]
     from streams.tools.shipper import ShipperError

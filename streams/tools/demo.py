@@ -19,13 +19,13 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from streams.contracts import catalog, topics
-from streams.tools import devstack, generate, kafkatools, shipper
-from streams.graphs import samples as graph_samples
-from streams.core.nodes import decayed_confidence
 from streams.agents import consumed_topics
-from streams.settings import Settings
+from streams.contracts import catalog, topics
 from streams.contracts.wire import CodecFactory, decode_key
+from streams.core.nodes import decayed_confidence
+from streams.graphs import samples as graph_samples
+from streams.settings import Settings
+from streams.tools import devstack, generate, kafkatools, shipper
 
 
 class DemoError(RuntimeError):

@@ -23,10 +23,10 @@ import tarfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from streams.settings import Settings
 

@@ -18,9 +18,10 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, TextIO
+from datetime import UTC, datetime
+from typing import Any, TextIO
 
 from streams.contracts import catalog
 from streams.settings import Settings
@@ -52,14 +53,14 @@ class DeadLetter:
     value_size: int | None = None  # bytes of original_value (kept when the value itself is dropped)
 
     @classmethod
-    def from_record(cls, partition: int, offset: int, record: dict) -> "DeadLetter":
+    def from_record(cls, partition: int, offset: int, record: dict) -> DeadLetter:
         value = record.get("original_value")
         return cls(partition, offset, record["original_topic"], record["original_partition"],
                    record["original_offset"], record.get("original_key"), value,
                    record["stage"], record["reason"], record["error_class"], record["failed_at"],
                    record.get("worker"), None if value is None else len(value))
 
-    def without_value(self) -> "DeadLetter":
+    def without_value(self) -> DeadLetter:
         """The same dead letter with its value bytes dropped (to list many without holding them);
         `replay_block` still tells a withheld value from a dropped one by `value_size`."""
         return dataclasses.replace(self, original_value=None)
@@ -150,7 +151,7 @@ def _one_line(text: str) -> str:
 
 
 def format_line(d: DeadLetter) -> str:
-    when = datetime.fromtimestamp(d.failed_at / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    when = datetime.fromtimestamp(d.failed_at / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     value = "value withheld" if d.value_size is None else f"{d.value_size} B"
     return (f"{d.coords}  {when}  {d.origin}  stage={d.stage}  class={d.error_class}  "
             f"key={d.key_text}  ({value})  {_one_line(d.reason)}")

@@ -18,8 +18,8 @@ import base64
 import random
 import uuid
 from collections import defaultdict, deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 from streams.contracts import catalog
 
@@ -121,7 +121,7 @@ class Item:
         return {"topic": self.topic, "key": self.key, "value": self.value}
 
     @classmethod
-    def from_json(cls, obj: dict) -> "Item":
+    def from_json(cls, obj: dict) -> Item:
         if "raw_base64" in obj:
             return cls(obj["topic"], obj["key"], base64.b64decode(obj["raw_base64"]))
         return cls(obj["topic"], obj["key"], obj["value"])
@@ -342,8 +342,8 @@ def produce(items: list[Item], settings, progress: bool = True) -> int:
     """Produce items into their topics (murmur2 partitioning, the configured wire format)."""
     from confluent_kafka import Producer
 
-    from streams.tools.progress import Progress
     from streams.contracts.wire import CodecFactory, encode_key
+    from streams.tools.progress import Progress
 
     factory = CodecFactory.from_url(settings.registry_url)
     factory.register(sorted({i.topic for i in items}))

@@ -9,9 +9,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 

@@ -73,10 +73,12 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 from streams.contracts import catalog, deadletter
+from streams.contracts.wire import CodecFactory, RegistryError, WireFormatError, encode_key
 from streams.graphs import paths
 from streams.graphs.shipper_state import (
     HEADER_LINE_ID,
@@ -97,7 +99,6 @@ from streams.graphs.shipper_state import (
 from streams.graphs.state import RECENT_IDS
 from streams.runtime.topology import Producer
 from streams.settings import Settings
-from streams.contracts.wire import CodecFactory, RegistryError, WireFormatError, encode_key
 
 log = logging.getLogger("memstream.shipper")
 

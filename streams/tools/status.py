@@ -19,8 +19,9 @@ import sys
 import urllib.error
 import urllib.request
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, TextIO
+from typing import Any, TextIO
 
 from streams.contracts import catalog
 from streams.settings import Settings

@@ -9,7 +9,6 @@ import pytest
 
 from streams.contracts import catalog
 from streams.core.ids import node_id_for
-
 from tests.kafka_util import candidate, consume, free_port, http_get, log_of, produce, worker
 
 pytestmark = pytest.mark.kafka

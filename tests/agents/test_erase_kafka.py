@@ -25,15 +25,21 @@ import pytest
 from confluent_kafka import Producer as RdProducer
 
 from streams.contracts import catalog
-from streams.tools import kafkatools
-from streams.core.partitioning import partition_for
 from streams.contracts.wire import encode_key
-
+from streams.core.partitioning import partition_for
+from streams.tools import kafkatools
+from tests.agents.test_lifecycle_kafka import _http
 from tests.conftest import TEST_ENV, memstream
 from tests.kafka_util import candidate, codecs, consume, free_port, produce, worker
-from tests.system.test_faults_kafka import INPUTS, TOKEN, _read_range, answers, begin, fleet_for
-from tests.system.test_faults_kafka import _stop_every_worker  # noqa: F401 - no worker outlives a test
-from tests.agents.test_lifecycle_kafka import _http
+from tests.system.test_faults_kafka import (
+    INPUTS,
+    TOKEN,
+    _read_range,
+    _stop_every_worker,  # noqa: F401 - no worker outlives a test
+    answers,
+    begin,
+    fleet_for,
+)
 
 pytestmark = pytest.mark.kafka
 

@@ -11,7 +11,6 @@ import pytest
 
 from streams.contracts import catalog
 from streams.sessions import lifecycle, samples
-
 from tests.kafka_util import codecs, free_port, http_get, produce, read_to_end, wait_caught_up, worker
 
 pytestmark = pytest.mark.kafka

@@ -14,12 +14,10 @@ from typing import Any
 
 import pytest
 import rocksdict
+from faust.types import TP
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from faust.types import TP
 
-from streams.contracts import catalog
-from streams.tools import generate
 from streams.agents import state_scan
 from streams.agents.user_cache import (
     DELETED_FP_KEY,
@@ -36,10 +34,11 @@ from streams.agents.user_cache import (
     side_rows,
     weight,
 )
+from streams.contracts import catalog
 from streams.core import IndexConfig, UserMemory, process_candidate, process_event
 from streams.core.housekeeping import HousekeepingPolicy, sweep_memory
 from streams.core.limits import DEFAULT_LIMITS, id_problem
-
+from streams.tools import generate
 from tests.core.test_determinism import _run, _stream
 
 MAX_IDS = 50  # a small de-duplication window: sealed chunks and dropped chunks happen

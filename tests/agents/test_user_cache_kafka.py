@@ -11,7 +11,6 @@ import time
 import pytest
 
 from streams.contracts import catalog
-
 from tests.kafka_util import candidate, free_port, http_call, http_get, produce, wait_caught_up, worker
 
 pytestmark = pytest.mark.kafka

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from streams.contracts import catalog, deadletter
 from streams.analytics import (
     HOUR,
     Increment,
@@ -27,6 +26,7 @@ from streams.analytics import (
     to_record,
     windows_of,
 )
+from streams.contracts import catalog, deadletter
 from streams.core import UserMemory, process_candidate, process_event
 from streams.core.redaction import relay_events
 from streams.graphs import state as graph_state

@@ -17,10 +17,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from streams.contracts import catalog
-from streams.runtime import checkpoint
 from streams.agents import analytics as analytics_agent
 from streams.analytics import Increment, windows_of
+from streams.contracts import catalog
+from streams.runtime import checkpoint
 
 NOW = 1_793_491_200_000  # a minute boundary
 USER = "u1"

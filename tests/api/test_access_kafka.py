@@ -19,12 +19,11 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from streams.contracts import catalog
 from streams.agents import register_all
-from streams.runtime.app import Runtime
+from streams.contracts import catalog
 from streams.core.nodes import content_fingerprint
+from streams.runtime.app import Runtime
 from streams.settings import Settings
-
 from tests.kafka_util import candidate, consume, free_port, http_call, log_of, produce, worker
 
 pytestmark = pytest.mark.kafka

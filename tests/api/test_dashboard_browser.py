@@ -30,16 +30,15 @@ from collections import Counter, defaultdict
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from streams.contracts import catalog
-from streams.api.dashboard import activity, assemble, local_part
 from streams.analytics import classify_dead_letter
 from streams.analytics.classify import classify_ledger_event, classify_quarantine, classify_relay_event
 from streams.analytics.windows import EVENT_COUNTERS
+from streams.api.dashboard import activity, assemble, local_part
+from streams.contracts import catalog
 from streams.core.ids import node_id_for
-from streams.tools.generate import generate
 from streams.graphs import state as graph_state
 from streams.sessions import lifecycle
-
+from streams.tools.generate import generate
 from tests.conftest import ROOT
 from tests.kafka_util import free_port, http_get, produce, read_to_end, worker
 

@@ -13,7 +13,6 @@ import pytest
 from streams.runtime.app import create_runtime
 from streams.runtime.metrics import sample_names
 from streams.settings import Settings
-
 from tests.conftest import ROOT
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "memstream-dashboard.json"

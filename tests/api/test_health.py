@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-
 import pytest
-
-
 
 
 def test_ops_views_are_registered_without_auth():

@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from streams.contracts import catalog
-
 from tests.kafka_util import candidate, consume, free_port, http_call, http_get, produce, worker
 
 pytestmark = pytest.mark.kafka

@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from streams.runtime import app
 from streams.contracts import wire
+from streams.runtime import app
 from streams.sessions.lifecycle import RULES
 
 ROOT = Path(__file__).resolve().parents[2]

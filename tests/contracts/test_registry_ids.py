@@ -14,19 +14,18 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.contracts import catalog, deadletter
 from streams.api.health import judge, problem
-from streams.tools.dlq import _DeadLetterDecoder
-from streams.runtime.probe import EXIT_DISK_FULL, WorkerProbe
+from streams.contracts import catalog, deadletter
 from streams.contracts.schemaids import IdMismatch, KnownIds, KnownSchema, mismatches
-from streams.settings import Settings
 from streams.contracts.wire import (
     CodecFactory,
     RegistryError,
     UnknownSchemaIdError,
     decode_with_shipped_schemas,
 )
-
+from streams.runtime.probe import EXIT_DISK_FULL, WorkerProbe
+from streams.settings import Settings
+from streams.tools.dlq import _DeadLetterDecoder
 from tests.conftest import ROOT
 
 A = KnownSchema("memstream.memory.MemoryEvent", "193a7cc9910b1858")

@@ -11,8 +11,8 @@ import itertools
 import fastavro
 
 from streams.contracts import schemas
-from streams.core import UserMemory, process_candidate, process_event
 from streams.contracts.wire import CodecFactory
+from streams.core import UserMemory, process_candidate, process_event
 
 DELETED = "memstream.memory.MemoryDeletedPayload"
 ACCESSED = "memstream.memory.MemoryAccessedPayload"

@@ -17,7 +17,6 @@ from fastavro import schemaless_writer
 
 from streams.contracts import catalog, schemas, wire
 from streams.contracts.wire import CodecFactory
-
 from tests.kafka_util import candidate, consume, produce, worker
 
 pytestmark = pytest.mark.kafka

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from fastavro import parse_schema
 from fastavro.validation import validate
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streams.core import UserMemory, process_event
 from streams.core.audit import audit_event, audit_turn, covered_by, detect_untagged_patterns

@@ -1,6 +1,7 @@
 """The de-duplication window's compact persisted form (tail record + sealed chunks)."""
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streams.core.ingest import DedupWindow
 

@@ -5,7 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streams.core import IndexConfig, UserMemory, process_candidate, process_event, sweep_memory
 from streams.core.state import SideChanges
@@ -129,7 +130,7 @@ def test_the_reported_changes_rebuild_the_state_from_a_compact_aux_record(seed, 
     deleted_ids: set = set()
     deleted_fps: set = set()
     pins: dict = {}
-    for start, stop in zip([0, *cuts], [*cuts, len(ops)]):
+    for start, stop in zip([0, *cuts], [*cuts, len(ops)], strict=True):
         for out in _run(um, ops[start:stop]):
             nodes.update({node["node_id"]: node for node in out.node_upserts})
             for node_id in out.node_deletions:

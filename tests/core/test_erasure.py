@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streams.core import UserMemory, process_candidate, process_event
 from streams.core.erasure import (

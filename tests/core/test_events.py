@@ -1,4 +1,5 @@
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streams.core import UserMemory, event_sort_key, process_candidate, process_event
 

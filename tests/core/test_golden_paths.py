@@ -34,10 +34,10 @@ from hypothesis import strategies as st
 
 from bench.bench_consolidation import memory_text, near, one_word_edit, unit, vocabulary
 from streams.contracts import catalog
-from streams.tools import generate
 from streams.core import DeterministicDecider, IndexConfig, UserMemory, ids, process_candidate, process_event
 from streams.core.redaction import relay_events
 from streams.core.similarity import MinHasher, SimilarityIndex, shared_minhasher, text_shingles
+from streams.tools import generate
 
 OLD_INDEX = IndexConfig(exact_scan_below=0)
 

@@ -1,4 +1,5 @@
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streams.core.hints import hints_record, is_instruction_entry, read_header_hints
 

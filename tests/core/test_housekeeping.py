@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from fastavro import parse_schema, schemaless_writer
 from fastavro.validation import validate
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streams.core import UserMemory, process_candidate, process_event
 from streams.core.housekeeping import (

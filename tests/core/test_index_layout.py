@@ -20,8 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streams.core import ConsolidationPolicy, DeterministicDecider, IndexConfig, UserMemory, process_candidate
-from streams.core import _kernels
+from streams.core import ConsolidationPolicy, DeterministicDecider, IndexConfig, UserMemory, _kernels, process_candidate
 from streams.core import similarity as sim
 from streams.core.similarity import (
     MinHasher,

@@ -12,7 +12,6 @@ from streams.core import (
 
 from .factories import candidate, event, formed
 
-
 # ------------------------------------------------------------------ candidates ----
 
 

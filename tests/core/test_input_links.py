@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import uuid
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streams.core import UserMemory, process_candidate, process_event
 from streams.core.audit import audit_turn

@@ -1,7 +1,18 @@
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from streams.core import HousekeepingPolicy, UserMemory, as_of, decayed_confidence, event_id_for, process_candidate, process_event, sweep_memory, valid_at
+from streams.core import (
+    HousekeepingPolicy,
+    UserMemory,
+    as_of,
+    decayed_confidence,
+    event_id_for,
+    process_candidate,
+    process_event,
+    sweep_memory,
+    valid_at,
+)
 from streams.core.nodes import DAY_MS, complete_node, content_fingerprint, make_node
 
 from .factories import candidate, event

@@ -6,7 +6,8 @@ from __future__ import annotations
 import zlib
 
 from aiokafka.partitioner import murmur2 as aiokafka_murmur2
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streams.core.partitioning import WRONG_PARTITION, misrouted, murmur2, partition_for
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 from fastavro import parse_schema
 from fastavro.validation import validate
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streams.core import UserMemory, process_event
 from streams.core.nodes import content_fingerprint

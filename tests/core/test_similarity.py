@@ -1,7 +1,8 @@
 import random
 
 import pytest
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from streams.core.similarity import (
     IndexConfig,

@@ -1,7 +1,8 @@
 import uuid
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streams.core.ids import NAMESPACE, derive_id, event_id_for, node_id_for
 from streams.core.vocabulary import (

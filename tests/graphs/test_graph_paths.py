@@ -5,7 +5,8 @@ import json
 import os
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streams.graphs.paths import (
     FIELDS,

@@ -2,7 +2,8 @@
 
 import os
 
-from streams.graphs import samples, state as graph_state
+from streams.graphs import samples
+from streams.graphs import state as graph_state
 from streams.graphs.paths import ParseError, graph_events_hash, parse_line
 from streams.graphs.shipper_state import list_event_files, poll_file
 

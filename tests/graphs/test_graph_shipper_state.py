@@ -4,7 +4,8 @@ import json
 import os
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streams.graphs import samples
 from streams.graphs.paths import graph_events_path, parse_line

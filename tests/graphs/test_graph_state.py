@@ -4,7 +4,8 @@ import copy
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streams.graphs import samples
 from streams.graphs.paths import FIELDS

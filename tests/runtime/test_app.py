@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from streams.agents import consumed_topics, register_all
 from streams.contracts import catalog
 from streams.runtime.app import Runtime
-from streams.agents import consumed_topics, register_all
 from streams.settings import Settings
 
 

@@ -7,9 +7,9 @@ from faust.exceptions import KeyDecodeError, ValueDecodeError
 from faust.serializers import codecs
 from faust.serializers.registry import Registry
 
-from streams.runtime import codecs as memstream_codecs
 from streams.contracts import schemas, wire
 from streams.contracts.wire import CodecFactory
+from streams.runtime import codecs as memstream_codecs
 
 DELETED = {"event_id": "ev-2", "motebit_id": "mb-1", "device_id": None, "timestamp": 1, "version_clock": 1,
            "event_type": "memory_deleted", "payload": {"node_id": "n-1"},

@@ -16,8 +16,7 @@ import pytest
 
 import streams
 from streams.runtime import faust_internals as fi
-
-from ..conftest import ROOT
+from tests.conftest import ROOT
 
 ADAPTER = "streams/runtime/faust_internals.py"
 #: modules allowed to spell the private methods they override (see the adapter's docstring)

@@ -19,11 +19,10 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.contracts import catalog
-from streams.runtime import checkpoint
-from streams.tools import kafkatools
 from streams.core.partitioning import partition_for
+from streams.runtime import checkpoint
 from streams.runtime.outputs import OutputProducer, OutputsFailed
-
+from streams.tools import kafkatools
 from tests.kafka_util import codecs, produce
 from tests.system.test_faults_kafka import INPUTS, _read_range, begin, fleet_for, stream_of
 

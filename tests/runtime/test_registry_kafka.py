@@ -22,11 +22,10 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from streams.contracts import catalog
-from streams.tools import devstack
+from streams.contracts.wire import CodecFactory, encode_key
 from streams.runtime.probe import EXIT_DISK_FULL, EXIT_STOP_TIMEOUT
 from streams.settings import Settings
-from streams.contracts.wire import CodecFactory, encode_key
-
+from streams.tools import devstack
 from tests.conftest import ROOT, TEST_DATA, memstream
 from tests.kafka_util import candidate, http_get, producer, read_to_end, wait_caught_up, worker
 from tests.tools.test_devstack import OWN

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from streams.contracts import catalog
-from streams.runtime.topology import Processor, Producer, Registered, Timer, describe, expected, mismatches, mermaid
+from streams.runtime.topology import Processor, Producer, Registered, Timer, describe, expected, mermaid, mismatches
 
 TICK = Timer("sweep", catalog.GRAPH_EVENTS, "a sweep")
 READER = Processor("reader", "pkg.reader", "Reads graph events.", sources=(catalog.GRAPH_EVENTS,),

@@ -3,7 +3,8 @@
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streams.sessions import samples
 from streams.sessions.lifecycle import RULES, replay, to_record

@@ -2,7 +2,8 @@
 
 import math
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streams.sessions.tokens import (
     price_block,

@@ -26,8 +26,6 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from streams.contracts import catalog
-from streams.tools import kafkatools
 from streams.analytics import (
     EVENT_COUNTERS,
     SIZES,
@@ -36,9 +34,10 @@ from streams.analytics import (
     classify_quarantine,
     classify_relay_event,
 )
-from streams.tools.generate import Item, garbage_items, memory_items, negotiator_items
+from streams.contracts import catalog
 from streams.settings import Settings
-
+from streams.tools import kafkatools
+from streams.tools.generate import Item, garbage_items, memory_items, negotiator_items
 from tests.kafka_util import free_port, http_get, log_of, produce, read_to_end, worker
 
 INPUTS = [t.name for t in catalog.topics() if t.direction == "in"]

@@ -47,7 +47,7 @@ import json
 import random
 import time
 from collections import Counter, defaultdict
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -55,6 +55,7 @@ from confluent_kafka.schema_registry import Schema
 from fastavro import parse_schema, schemaless_writer
 
 from streams.contracts import catalog
+from streams.contracts.wire import CodecFactory, WireFormat, WireFormatError
 from streams.core.audit import audit_turn
 from streams.core.erasure import erase_request
 from streams.core.ids import event_id_for
@@ -62,8 +63,6 @@ from streams.graphs import samples as graph_samples
 from streams.graphs import state as graph_state
 from streams.sessions import lifecycle
 from streams.sessions import samples as session_samples
-from streams.contracts.wire import CodecFactory, WireFormat, WireFormatError
-
 from tests.kafka_util import candidate, codecs, read_to_end, worker
 
 pytestmark = pytest.mark.kafka

@@ -35,10 +35,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from streams.contracts import catalog
-from streams.tools import devstack, kafkatools
-from streams.settings import Settings
 from streams.contracts.wire import decode_key, encode_key
-
+from streams.settings import Settings
+from streams.tools import devstack, kafkatools
 from tests.conftest import ROOT, TEST_DATA, TEST_ENV
 from tests.kafka_util import candidate, claim_data_dir, codecs, free_port, http_get, producer, release_data_dir
 
@@ -98,7 +97,7 @@ class Producer:
         except BaseException as exc:  # noqa: BLE001 - reported by join()
             self.error = exc
 
-    def start(self) -> "Producer":
+    def start(self) -> Producer:
         self.thread.start()
         return self
 

@@ -6,12 +6,11 @@ import json
 
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from streams.contracts import catalog
-
 from tests.conftest import ROOT
 from tests.kafka_util import consume, free_port, http_get, produce, worker
 

@@ -32,21 +32,20 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from streams.contracts import catalog
-from streams.tools import kafkatools
 from streams.contracts.wire import encode_key
-
+from streams.tools import kafkatools
 from tests.kafka_util import candidate, http_call, produce
 from tests.system.test_faults_kafka import (
     INPUTS,
     OUTPUTS,
     TOKEN,
+    _stop_every_worker,  # noqa: F401 - no worker outlives a test
     answers,
     begin,
     fleet_for,
     read_outputs,
     stream_of,
 )
-from tests.system.test_faults_kafka import _stop_every_worker  # noqa: F401 - no worker outlives a test
 
 pytestmark = pytest.mark.kafka
 

@@ -14,7 +14,6 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.contracts import catalog
-
 from tests.conftest import PORT_OFFSET, ROOT, memstream
 
 pytestmark = pytest.mark.kafka

@@ -27,9 +27,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from streams.contracts import catalog, deadletter
-from streams.tools import kafkatools
 from streams.contracts.wire import encode_key
-
+from streams.tools import kafkatools
 from tests.conftest import memstream
 from tests.kafka_util import codecs, consume, free_port, produce, worker
 from tests.runtime.test_metrics import strict_parse

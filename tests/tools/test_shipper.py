@@ -12,12 +12,14 @@ import time
 import pytest
 
 from streams.contracts import catalog
-from streams.tools import cli
-from streams.tools import shipper as shipper_module
-from streams.graphs import samples, state as graph_state
+from streams.contracts.wire import CodecFactory, decode_key
+from streams.graphs import samples
+from streams.graphs import state as graph_state
 from streams.graphs.paths import graph_events_path
 from streams.graphs.shipper_state import HEADER_LINE_ID, Position, line_id
 from streams.settings import Settings
+from streams.tools import cli
+from streams.tools import shipper as shipper_module
 from streams.tools.shipper import (
     DeliveryError,
     RecordTooLargeError,
@@ -27,7 +29,6 @@ from streams.tools.shipper import (
     open_shipper,
     ship_directory,
 )
-from streams.contracts.wire import CodecFactory, decode_key
 
 CODECS = CodecFactory.from_url("")  # no registry: single-object encoding
 EVENTS = CODECS.codec("graph_event")

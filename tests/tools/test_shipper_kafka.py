@@ -22,7 +22,6 @@ from streams.contracts import catalog
 from streams.graphs import samples
 from streams.graphs.paths import graph_events_filename, graph_events_path
 from streams.graphs.shipper_state import HEADER_LINE_ID, HEADER_SOURCE_OFFSET, line_id
-
 from tests.conftest import ROOT, TEST_ENV, memstream
 from tests.kafka_util import codecs, consume, read_to_end, worker
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import zlib
 
-
 from streams.tools import status as ops
 from streams.tools.status import GroupStatus, Member, PartitionStatus
-
 
 
 def test_faust_member_metadata_decodes_to_the_worker_url_and_its_partitions():
