@@ -589,10 +589,10 @@ class DedupWindow:
     def from_tail_record(cls, rec: Mapping[str, Any], chunks: Mapping[int, list], max_ids: int = 10_000,
                          horizon_ms: int = 7 * 24 * 60 * 60 * 1000) -> DedupWindow:
         w = cls(max_ids, horizon_ms, int(rec.get("chunk_size", SEEN_CHUNK_SIZE)))
-        for k in sorted(chunks):
-            for key, ts in chunks[k]:
-                w._ids[key] = int(ts)
-        for key, ts in rec.get("tail", []):
+        # in sequence order; an id added again after it left the window is in an older chunk
+        # too: its later copy decides its place (the live window appended it at the end)
+        for key, ts in [*(row for k in sorted(chunks) for row in chunks[k]), *rec.get("tail", [])]:
+            w._ids.pop(key, None)
             w._ids[key] = int(ts)
         w.seq = int(rec.get("seq", len(w._ids)))
         w.high_water = int(rec.get("high_water", 0))

@@ -1,6 +1,6 @@
 """The de-duplication window's compact persisted form (tail record + sealed chunks)."""
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from streams.core.ingest import DedupWindow
@@ -11,6 +11,10 @@ DAY = 86_400_000
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 400), st.integers(0, 20 * DAY)), max_size=700),
        st.integers(1, 300), st.integers(1, 30), st.integers(1, 60), st.sampled_from([DAY, 7 * DAY, 30 * DAY]))
+# an id evicted (count bound) and added again: it is in an older chunk and in the tail
+@example(adds=[(0, 0), (2, 0), (0, 0), (1, 0), (3, 0), (22, 5), (20, 9), (21, 0), (7, 0), (0, 2), (0, 28), (0, 0),
+               (0, 7), (0, 14), (15, 12), (0, 13), (0, 9), (0, 11), (0, 10), (0, 9), (0, 8), (0, 7), (0, 6), (0, 5),
+               (0, 4), (0, 3), (0, 0)], max_ids=8, chunk_size=8, flush_every=8, horizon=30 * DAY)
 def test_tail_and_chunks_rebuild_the_same_window(adds, max_ids, chunk_size, flush_every, horizon):
     """Persist as the shell does (after every few adds: the tail record, sealed chunks written,
     dropped chunks deleted); a rebuild from what was persisted is the same window, and the
