@@ -4,7 +4,7 @@ State lives in the `graph-state` table keyed by `graphId` (the message key, so t
 changelog partition is the source partition); outputs are acknowledged before the table write
 (streams/checkpoint.py). A partition-local timer (`Runtime.ticks`)
 re-evaluates stall flags on the graphs of each owned partition and republishes the graphs whose
-flags changed.
+flags changed. The HTTP view of a graph's state is in streams/api/graphs.py.
 """
 
 from __future__ import annotations
@@ -12,13 +12,10 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from faust.web import Request, Response
-
 from ..core.limits import quote
 from streams.contracts import catalog
 from streams.runtime import checkpoint
 from ..analytics import classify_graph_budget
-from streams.api.http import authenticated
 from streams.runtime.handlers import Rejected
 from ..core.limits import id_problem
 from ..graphs import state as graph_state
@@ -31,7 +28,7 @@ SOURCES = [catalog.GRAPH_EVENTS]
 
 
 def register(rt: "Runtime") -> None:
-    app, s = rt.app, rt.settings
+    s = rt.settings
     table = rt.table("graph-state")
     limits = s.limits()
 
@@ -70,15 +67,3 @@ def register(rt: "Runtime") -> None:
                 checkpoint.write(table, key, marked)
 
     rt.ticks("graph-stall", catalog.GRAPH_EVENTS, stall_sweep, lock=lock)
-
-    @app.page("/v1/graphs/{graph_id}")
-    class GraphView(rt.View):
-        @authenticated
-        async def get(self, request: Request, graph_id: str, allowed: str) -> Response:
-            return await self.route(request, table, graph_id, lambda: self._local(graph_id))
-
-        async def _local(self, graph_id: str) -> Response:
-            st = table.get(graph_id)
-            if st is None:
-                return self.error(404, f"no graph {graph_id}")
-            return self.reply(graph_state.to_record(st))

@@ -27,20 +27,19 @@ Outputs (ledger record, dead letters) are acknowledged by the broker *before* th
 rather than finding it already in the table with its outputs missing. Re-processing is
 deterministic (same state, same outputs), so the effect is at-least-once delivery of identical
 records — the compacted ledger topic converges.
+
+The HTTP view of the ledger is in streams/api/sessions.py.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from faust.web import Request, Response
-
 from streams.contracts import catalog, deadletter
 from streams.runtime import checkpoint
 from ..analytics import classify_compaction
 from streams.runtime.handlers import Rejected
 from ..core.limits import id_problem
-from streams.api.http import authenticated
 from ..sessions import lifecycle
 
 if TYPE_CHECKING:
@@ -53,7 +52,6 @@ VALIDATE_RULES = (SESSION_MISMATCH, "event.over_limit")
 
 
 def register(rt: "Runtime") -> None:
-    app = rt.app
     table = rt.table(TABLE)
     limits = rt.settings.limits()
 
@@ -77,15 +75,3 @@ def register(rt: "Runtime") -> None:
         checkpoint.write(table, key, new)
 
     rt.stateful_agent(rt.inputs[catalog.SESSION_EVENTS], "session-ledger-agent", handle)
-
-    @app.page("/v1/sessions/{session_id}/compactions")
-    class SessionCompactions(rt.View):
-        @authenticated
-        async def get(self, request: Request, session_id: str, allowed: str) -> Response:
-            return await self.route(request, table, session_id, lambda: self._local(session_id))
-
-        async def _local(self, session_id: str) -> Response:
-            state = table.get(session_id)
-            if state is None:
-                return self.error(404, f"no session {session_id}")
-            return self.reply(lifecycle.to_record(state))

@@ -28,7 +28,7 @@ from streams.contracts import catalog, deadletter
 from streams.runtime import checkpoint, codecs
 from streams.runtime.handlers import PipelineHook, Rejected
 from streams.core.partitioning import misrouted, partition_for
-from streams.api.http import PartitionRouter, ServerLimits, api_view, install_server_limits, parse_tokens
+from streams.api.http import PartitionRouter, ServerLimits, install_server_limits, parse_tokens
 from streams.runtime.metrics import Metrics
 from streams.runtime.outputs import OutputProducer, OutputsFailed
 from streams.runtime.rebalance import RebalanceSafeConsumer
@@ -142,7 +142,8 @@ class Runtime:
         self._changelogs: dict[str, faust.types.TableT] = {}  # changelog topic -> its table
         #: (name, partitions, retention ms) of the internal topics: the worker creates them first
         self.internal_topics: list[tuple[str, int, dict[str, str]]] = []
-        self.View = api_view(parse_tokens(settings.api_tokens))  # base class of every HTTP view
+        #: the HTTP API's bearer tokens (MEMSTREAM_API_TOKENS): `ApiView` reads them through the app
+        self.tokens = parse_tokens(settings.api_tokens)
         #: set by `memstream worker`: watches the registry ids, broker and disk (streams/runtime/probe.py)
         self.probe: "WorkerProbe | None" = None
         #: topic -> (since, why) of an agent waiting on one record (reported by /health)
@@ -156,7 +157,7 @@ class Runtime:
 
     def table(self, name: str) -> faust.types.TableT:
         """A table keyed by the UTF-8 message key (same bytes as the source key, so its changelog
-        partition, HTTP routing (`ApiView.route`) and the source partition agree), values stored
+        partition, HTTP routing (`ApiView.answer_at_owner`) and the source partition agree), values stored
         as JSON."""
         table = self.app.Table(
             name, default=None, partitions=self.settings.partitions,
