@@ -4,12 +4,21 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-faults bench browser stack-up stack-down clean
+.PHONY: demo test test-faults bench browser stack-up stack-down clean lock
 
-$(STAMP): pyproject.toml
+# pyproject.toml holds the ranges, constraints.txt the exact versions (the lock): see README, "Install"
+$(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+# rewrite the lock from the virtualenv (after an upgrade in it: README, "Upgrading a pin")
+lock: $(STAMP)
+	{ echo "# The lock: exact versions of every dependency, runtime and test (make lock writes it from"; \
+	  echo "# the virtualenv). Installs use it as pip constraints; pyproject.toml holds the ranges."; \
+	  $(PY) -m pip freeze --all --exclude-editable --exclude pip; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)

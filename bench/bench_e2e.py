@@ -92,9 +92,9 @@ from streams.contracts import catalog, topics
 from streams.tools import devstack, generate, kafkatools
 from streams.agents.memory import SOURCES as MEMORY_INPUTS
 from streams.agents.memory_store import STATE_TABLE, node_key
+from streams.agents.user_cache import chunk_rows
 from streams.core import UserMemory, event_id_for
 from streams.core.nodes import make_node
-from streams.core.state import SEEN_CHUNK_KEY
 from streams.tools.progress import Progress
 from streams.settings import Settings
 from streams.contracts.wire import CodecFactory, encode_key
@@ -248,7 +248,11 @@ class PerRecord:
 
 # ------------------------------------------------------------------------------ Quix Streams peer
 QUIX_VENV = Path("bench/.venv-quix")
-QUIX_REQUIREMENTS = ["quixstreams==3.28.1", "numpy", "fastavro"]
+# The memstream code the peer runs (streams.core, streams.contracts.wire) gets the versions of memstream's
+# lock; the whole lock cannot constrain this virtualenv (Quix Streams 3.28.1 needs confluent-kafka<2.13).
+_LOCK_FILE = Path(__file__).resolve().parent.parent / "constraints.txt"
+_LOCK = dict(line.split("==", 1) for line in _LOCK_FILE.read_text().splitlines() if "==" in line and not line.startswith("#"))
+QUIX_REQUIREMENTS = ["quixstreams==3.28.1", f"numpy=={_LOCK['numpy']}", f"fastavro=={_LOCK['fastavro']}"]
 
 
 @dataclass(frozen=True)
@@ -314,7 +318,8 @@ def user_state(settings: Settings, user: str, seen_ids: int, ts_ms: int) -> list
     for _ in range(seen_ids):
         um.seen.add(f"c:{uuid.uuid4()}", ts_ms)
     sealed, _dropped = um.seen_changes()  # chunks wholly out of the window are not in `sealed`
-    rows = [(user, node_key(user, f"{SEEN_CHUNK_KEY}{k}"), orjson.dumps(chunk)) for k, chunk in sorted(sealed.items())]
+    chunks = chunk_rows(dict(sorted(sealed.items())), [])
+    rows = [(user, node_key(user, rest), orjson.dumps(chunk)) for rest, chunk in chunks.items()]
     return rows + [(user, user, orjson.dumps({**um.aux_record(compact=True), "pending": {}}))]
 
 

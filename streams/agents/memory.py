@@ -253,6 +253,6 @@ def register(rt: "Runtime") -> MemoryAgent:
                 return
             await asyncio.sleep(0)
 
-
+    rt.ticks("memory-housekeeping", catalog.MEMORY_CANDIDATES, housekeeping, cache=store, lock=store.lock)
     rt.stateful_agent(rt.input_channel(*SOURCES), "memory-consolidate", apply, cache=store, lock=store.lock)
     return MemoryAgent(store, policy_topic, calls)

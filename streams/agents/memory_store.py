@@ -7,7 +7,8 @@ tail of the de-duplication window, and `pending`: the other rows of the last wri
 log), key `motebit_id/node_id` → a node row, key `motebit_id/~seen/k` → sealed chunk k of the
 de-duplication window (so a write does not carry the whole window), and one small side row per
 deleted node id (`~del/<id>`), deleted content fingerprint (`~fp/<sha256>`) and pin
-(`~pin/<node_id>`), so that no row grows with a user's history. The per-user `UserMemory` with its
+(`~pin/<node_id>`), so that no row grows with a user's history (the layout is defined, read and
+laid out in `streams.agents.user_cache`; the core's `UserMemory` knows no keys). The per-user `UserMemory` with its
 similarity index is derived: read from that user's rows on first touch (a prefix scan of its
 partition's RocksDB: `streams.agents.state_scan`) into an LRU bounded by MEMSTREAM_LOADED_NODES_MAX
 (`streams.agents.user_cache`), and dropped at every rebalance (so after a restart or a partition
@@ -33,9 +34,8 @@ from ..core import (
     UserMemory,
 )
 from ..core.redaction import threshold_for
-from ..core.state import SEEN_CHUNK_KEY
 from . import state_scan
-from .user_cache import UserCache, load_user, weight
+from .user_cache import UserCache, chunk_rows, load_user, side_rows, weight
 
 if TYPE_CHECKING:
     from streams.runtime.app import Runtime
@@ -50,7 +50,7 @@ STATE_TABLE = "memory-state"  #: motebit_id -> aux row (with `pending`); motebit
 def node_key(motebit_id: str, node_id: str) -> str:
     """The key of a user's row: `<motebit_id>/<rest>`. Collision-free because a user id can never
     contain the separator (validated at ingest: `streams.core.ingest`), so the first `/` always
-    ends the user id; `rest` (a node id, SEEN_CHUNK_KEY + k, or a side row's suffix) may contain
+    ends the user id; `rest` (a node id, or an internal row's suffix: `streams.agents.user_cache`) may contain
     anything."""
     return f"{motebit_id}{NODE_KEY_SEP}{node_id}"
 
@@ -236,12 +236,8 @@ class MemoryStore:
         for node_id in out.node_deletions:
             checkpoint.write(self.state, node_key(motebit_id, node_id), checkpoint.DELETE)
         sealed, dropped = um.seen_changes()
-        for k, rows in sealed.items():
-            checkpoint.write(self.state, node_key(motebit_id, f"{SEEN_CHUNK_KEY}{k}"), rows)
-        for k in dropped:
-            checkpoint.write(self.state, node_key(motebit_id, f"{SEEN_CHUNK_KEY}{k}"), checkpoint.DELETE)
-        side = um.side_changes()  # deleted ids and fingerprints, pins: one small row each
-        for suffix, row in side.items():
+        side = side_rows(um.side_changes())  # deleted ids and fingerprints, pins: one small row each
+        for suffix, row in {**chunk_rows(sealed, dropped), **side}.items():
             checkpoint.write(self.state, node_key(motebit_id, suffix), checkpoint.DELETE if row is None else row)
         # the aux row carries these rows as its redo log: past the budget, the batch is made
         # durable after this record (streams.runtime.checkpoint), so the aux row stays bounded

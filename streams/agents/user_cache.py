@@ -5,13 +5,22 @@ No Kafka or Faust here: `load_user` turns the `memory-state` rows of ONE user in
 and `UserCache` bounds how much of that derived state a worker keeps. Where the rows come from
 (a prefix scan of the partition's RocksDB, or a scan of the table) is `streams.agents.state_scan`.
 
-Row classification (`load_user`; the key is `<user>` or `<user>/<rest>`, see
-`streams.agents.memory_store.node_key`): `<user>/~seen/<k>` is sealed chunk k of the de-duplication
-window (a non-integer k: the user cannot be rebuilt), `<user>/~del/…`, `~fp/…`, `~pin/…` are side
-rows, and any other row is classified by what it holds — an aux row (no `node_id`) under `<user>`,
-a node row under `<user>/<node_id>`. A row whose `motebit_id` is another user's (left by an older
-version that let ids contain `/`) is skipped and counted (`foreign`). A user whose rows are
-neither, or that `UserMemory.from_nodes` refuses, is *contained* (`corrupt`: the reason).
+The row layout of `memory-state` is defined here, and only here (the pure `UserMemory` reports
+what changed and is rebuilt from plain collections; it knows no keys): the key is `<user>` or
+`<user>/<rest>` (`streams.agents.memory_store.node_key`). `<user>/~seen/<k>` is sealed chunk k of the
+de-duplication window (`chunk_rows`; a non-integer k: the user cannot be rebuilt),
+`<user>/~del/<node_id>`, `~fp/<fingerprint>`, `~pin/<node_id>` are side rows, one per deleted node
+id, deleted content fingerprint and pin (`side_rows`), and any other row is classified by what it
+holds — an aux row (no `node_id`) under `<user>`, a node row under `<user>/<node_id>`. No id can
+contain `~`, so no node id collides with an internal row. A row whose `motebit_id` is another
+user's (left by an older version that let ids contain `/`) is skipped and counted (`foreign`). A
+user whose rows are neither, or that `UserMemory.from_nodes` refuses, is *contained* (`corrupt`:
+the reason).
+
+The redo log (`pending` of the aux row: `<rest>` → row, None = deleted) holds the other rows of
+the last batch that changed the user. `MemoryStore.stage` writes the aux row *before* those rows,
+so after a crash in between they may be missing or older in the table: `load_user` lays `pending`
+over the stored rows (by node id for node rows) before it rebuilds the state.
 
 A lazily loaded user is built by the same `UserMemory.from_nodes` call from the same rows as the
 eager rebuild of every user did, so it decides exactly as before (tests/agents/test_user_cache.py
@@ -34,11 +43,31 @@ from ..core import UserMemory
 from ..core.similarity import IndexConfig
 from ..core.housekeeping import HousekeepingPolicy, prune_reason
 from ..core.nodes import NODE_FIELDS, complete_node
-from ..core.state import SEEN_CHUNK_KEY, SIDE_PREFIXES
+from ..core.state import SideChanges
 
 KEY_SEP = "/"  #: a user id never contains it (validated at ingest): the first one ends the user id
+SEEN_CHUNK_KEY = "~seen/"  #: `<user>/~seen/<k>`: sealed chunk k of the de-duplication window
+DELETED_ID_KEY = "~del/"  #: `<user>/~del/<node_id>`: a deleted node id (row: 1)
+DELETED_FP_KEY = "~fp/"  #: `<user>/~fp/<sha256>`: a deleted content fingerprint (row: 1)
+PIN_KEY = "~pin/"  #: `<user>/~pin/<node_id>`: the latest memory_pinned of a node (row: the Pin)
+SIDE_PREFIXES = (DELETED_ID_KEY, DELETED_FP_KEY, PIN_KEY)
 _INTERNAL = (SEEN_CHUNK_KEY, *SIDE_PREFIXES)  #: row suffixes that are not node ids
 _NODE_FIELDS = frozenset(NODE_FIELDS)
+
+
+def chunk_rows(sealed: dict[int, list], dropped: list[int]) -> dict[str, Any]:
+    """The rows (`<rest>` → row, None = delete) of `UserMemory.seen_changes`."""
+    rows: dict[str, Any] = {f"{SEEN_CHUNK_KEY}{k}": chunk for k, chunk in sealed.items()}
+    rows.update({f"{SEEN_CHUNK_KEY}{k}": None for k in dropped})
+    return rows
+
+
+def side_rows(changes: SideChanges) -> dict[str, Any]:
+    """The side rows (`<rest>` → row, None = delete) of `UserMemory.side_changes`."""
+    rows: dict[str, Any] = {DELETED_ID_KEY + node_id: 1 for node_id in changes.deleted_node_ids}
+    rows.update({DELETED_FP_KEY + fp: 1 for fp in changes.deleted_fingerprints})
+    rows.update({PIN_KEY + node_id: None if pin is None else list(pin) for node_id, pin in changes.pins.items()})
+    return rows
 
 
 @dataclass
@@ -89,15 +118,33 @@ def load_user(user: str, rows: Iterable[tuple[str, Any]], *, dedup_max_ids: int,
             nodes.append(row)
         else:
             corrupt = corrupt or f"row {key[:200]!r} is neither an aux row nor a node row"
+    redo: dict[str, Any] = {}
     if corrupt is None:
         try:
-            um = UserMemory.from_nodes(user, nodes, aux, seen_chunks=chunks, side_rows=side,
-                                       dedup_max_ids=dedup_max_ids, index_config=index_config)
+            redo = dict(aux["pending"]) if aux and aux.get("pending") else {}
+            if redo:  # the redo log wins over the stored rows
+                by_id = {n["node_id"]: n for n in nodes}
+                for rest, row in redo.items():
+                    if rest.startswith(SEEN_CHUNK_KEY):
+                        target, ident = chunks, int(rest[len(SEEN_CHUNK_KEY):])
+                    elif rest.startswith(SIDE_PREFIXES):
+                        target, ident = side, rest
+                    else:
+                        target, ident = by_id, rest
+                    if row is None:
+                        target.pop(ident, None)
+                    else:
+                        target[ident] = row
+                nodes = list(by_id.values())
+            um = UserMemory.from_nodes(
+                user, nodes, aux, seen_chunks=chunks, dedup_max_ids=dedup_max_ids, index_config=index_config,
+                deleted_node_ids=[k[len(DELETED_ID_KEY):] for k in side if k.startswith(DELETED_ID_KEY)],
+                deleted_fingerprints=[k[len(DELETED_FP_KEY):] for k in side if k.startswith(DELETED_FP_KEY)],
+                pins={k[len(PIN_KEY):]: row for k, row in side.items() if k.startswith(PIN_KEY)})
         except Exception as exc:  # noqa: BLE001 - one user's bad rows must not stop the others
             corrupt = f"{type(exc).__name__}: {str(exc)[:300]}"
     if corrupt is not None:
         return Loaded(None, corrupt, foreign, rows=count)
-    redo = dict(aux["pending"]) if aux and aux.get("pending") else {}
     return Loaded(um, None, foreign, redo, count)
 
 

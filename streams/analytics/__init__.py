@@ -30,8 +30,8 @@ What the Faust shell does (one table ``analytics``: key = subject, value = windo
 2. Publish and expire on a partition-local timer (``Runtime.ticks``), for partition ``p``: the
    subjects with ``subject_partition(subject, rt.partition_of) == p``; ``clock =
    partition_clock(their states)``; per subject: ``pairs = records_due(state)``; send every
-   record (key ``record_key(subject, record)`` — recommended — or the subject, see
-   :mod:`.windows`); then, as an ``checkpoint.update`` applied to the row as it is when written
+   record (key: the subject; ``window_identity`` tells its windows apart, see
+   :mod:`.windows`); then, as a ``checkpoint.update`` applied to the row as it is when written
    (increments counted during the sends are in it), ``mark_published(state, [w for w, _ in
    pairs])``; ``expire(state, clock)``. Sends first, table write last: a crash re-publishes
    (the same complete aggregates, harmless) instead of losing a publication. After a restart or
@@ -89,12 +89,9 @@ from .windows import (
     is_idle,
     mark_published,
     new_state,
-    parse_record_key,
     partition_clock,
-    record_key,
     records_due,
     to_record,
-    watermarks,
     window_bounds,
     window_identity,
     windows_of,
@@ -108,6 +105,6 @@ __all__ = [
     "merge_summaries", "summarize", "summarize_records",
     "COUNTERS", "DEFAULT_POLICY", "EVENT_COUNTERS", "HOUR", "MINUTE", "SIZES", "TOO_EARLY", "TOO_LATE",
     "AddResult", "Refused", "WindowPolicy", "add", "add_increment", "due", "expire", "is_expired", "is_idle",
-    "mark_published", "new_state", "parse_record_key", "partition_clock", "record_key", "records_due",
-    "to_record", "watermarks", "window_bounds", "window_identity", "windows_of",
+    "mark_published", "new_state", "partition_clock", "records_due",
+    "to_record", "window_bounds", "window_identity", "windows_of",
 ]

@@ -19,7 +19,7 @@ Clock, watermark, lateness and expiry
 ``state["clock"]`` is the subject's event-time high-water mark: the greatest event time it has
 counted, or a greater clock given to :func:`add` / :func:`expire` (``clock_ms``, e.g. the
 partition's clock from :func:`partition_clock`). It never goes back. Per size, the watermark is
-``clock - lateness[size]`` (:func:`watermarks`); :class:`WindowPolicy` holds the lateness
+``clock - lateness[size]`` (:func:`is_expired`); :class:`WindowPolicy` holds the lateness
 (default: minute windows 2 h, hour windows 2 days). A window is
 
 * **open** while ``window_end > watermark``: late and out-of-order inputs still land in it;
@@ -85,7 +85,7 @@ last minute or hour window published); every earlier window of that user is even
 removed, which defeats "activity over time" for a consumer reading the topic from the start.
 
 Recommended: key each record by its window, ``<motebit_id>/<window>/<window_start>``
-(:func:`record_key`; e.g. ``u1/minute/1767225600000``), exactly like ``memory.nodes.v1`` is keyed
+(e.g. ``u1/minute/1767225600000``; not done: the shell keys by the subject), exactly like ``memory.nodes.v1`` is keyed
 ``motebit_id/node_id``. Then compaction keeps exactly the final aggregate of every window, the
 ``delete`` half (30 d retention) ages old windows out, and every update of one window goes to
 the same partition, so "last record wins" per key holds. The price: one user's windows spread
@@ -95,7 +95,7 @@ schema doc ("key motebit_id") and the README table would change to this key.
 
 If the key stays ``motebit_id``: drop ``compact`` (cleanup ``delete`` only, 30 d) and have
 consumers keep the latest value per :func:`window_identity` (motebit_id, window, window_start);
-the records are the same either way, so this module supports both.
+the records are the same either way.
 """
 
 from __future__ import annotations
@@ -234,14 +234,6 @@ def window_bounds(event_time_ms: int, size: str) -> tuple[int, int]:
 def window_key(size: str, start: int) -> str:
     """The key of a window inside ``state["windows"]`` (JSON object keys are strings)."""
     return f"{size}/{start}"
-
-
-def watermarks(state: Mapping[str, Any], clock_ms: int | None = None,
-               policy: WindowPolicy = DEFAULT_POLICY) -> dict[str, int | None]:
-    """Per size, ``clock - lateness``: windows ending at or before it are expired (None: no
-    clock yet)."""
-    clock = _max_clock(state.get("clock"), clock_ms)
-    return {size: None if clock is None else clock - policy.lateness(size) for size in SIZES}
 
 
 def is_expired(size: str, start: int, clock: int | None, policy: WindowPolicy = DEFAULT_POLICY) -> bool:
@@ -435,29 +427,6 @@ def records_due(state: Mapping[str, Any], clock_ms: int | None = None, *, final_
     """``(snapshot, record)`` pairs of :func:`due`: send each record, then
     ``mark_published(state, [snapshot, ...])``."""
     return [(w, to_record(state["subject"], w)) for w in due(state, clock_ms, final_only=final_only, policy=policy)]
-
-
-KEY_SEP = "/"
-
-
-def record_key(motebit_id: str, window: Mapping[str, Any]) -> str:
-    """The recommended Kafka key ``<motebit_id>/<window>/<window_start>`` of a window (a state
-    window or an AnalyticsWindow record). ``motebit_id`` may itself contain ``/``: parse from
-    the right (:func:`parse_record_key`)."""
-    start = window["window_start"] if "window_start" in window else window["start"]
-    return f"{motebit_id}{KEY_SEP}{window['window']}{KEY_SEP}{int(start)}"
-
-
-def parse_record_key(key: str) -> tuple[str, str, int]:
-    """``(motebit_id, window, window_start)`` of a :func:`record_key`; ValueError otherwise."""
-    parts = key.rsplit(KEY_SEP, 2)
-    if len(parts) != 3 or parts[1] not in SIZES:
-        raise ValueError(f"not an analytics window key: {key!r}")
-    try:
-        start = int(parts[2])
-    except ValueError:
-        raise ValueError(f"not an analytics window key: {key!r}") from None
-    return parts[0], parts[1], start
 
 
 def window_identity(record: Mapping[str, Any]) -> tuple[str, str, int]:

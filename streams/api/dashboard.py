@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from importlib import resources
 from pathlib import Path
 from urllib.parse import quote
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memstream.dashboard")
 
-PAGE = Path(__file__).resolve().parent.parent / "web" / "dashboard.html"
+PAGE = Path(str(resources.files("streams") / "web" / "dashboard.html"))  # package data (pyproject)
 ACTIVITY_MINUTES = 120  # minute windows shown (the minute windows' lateness keeps ~2 h anyway)
 RATE_MINUTES = 15
 TOP = 15  # rows of the graph, session and user lists (`?top=` 1..TOP_MAX)

@@ -5,8 +5,9 @@ Both are served by every worker on its web port WITHOUT authentication, so that 
 load balancer / orchestrator can call them: they expose counts, offsets and table sizes, never
 record content, keys or user ids (the `/v1/...` API keeps its bearer tokens).
 
-`/metrics` (Prometheus text format 0.0.4) renders, besides the `Runtime.metrics` counters and
-latency histogram (see streams/runtime/metrics.py), what Faust knows at scrape time:
+`/metrics` answers prometheus_client's `generate_latest` of the Runtime's own registry
+(`Runtime.metrics.registry`, see streams/runtime/metrics.py): its counters, gauges and latency histogram,
+and `WorkerCollector`, a collector of what Faust knows at scrape time:
 
 - `memstream_consumer_committed_offset`, `memstream_consumer_highwater`, `memstream_consumer_lag`
   {topic, partition}: for each stream-source partition this worker owns (its active assignment
@@ -19,6 +20,10 @@ latency histogram (see streams/runtime/metrics.py), what Faust knows at scrape t
 - `memstream_recovery_in_progress`, `memstream_recovery_active_remaining_offsets`,
   `memstream_recovery_standby_remaining_offsets`, `memstream_ready`, `memstream_rebalancing`,
   `memstream_assigned_partitions{kind=active|standby}`.
+
+The collector's `collect()` is synchronous (prometheus_client calls it inside `generate_latest`):
+it reads health and table sizes then; the offsets it may have to ask the broker for are fetched
+by the view just before (`WorkerCollector.refresh`).
 
 `/health` (also `/health/ready`: readiness) answers 200 `{"status": "ready", ...}` once the worker
 is running, its first table recovery has completed and it is neither recovering nor rebalancing;
@@ -41,9 +46,11 @@ from typing import TYPE_CHECKING
 
 from faust.types import TP
 from faust.web import Blueprint, Request, Response, View
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from streams.api.http import SCOPE_OPS, ApiView, authenticated, runtime_of
-from streams.runtime.metrics import CONTENT_TYPE, Family, metric_name
+from streams.runtime.metrics import CONTENT_TYPE, metric_name
 
 if TYPE_CHECKING:
     from streams.runtime.app import Runtime
@@ -236,49 +243,78 @@ class _TableSizes:
         return self.sizes
 
 
-def worker_families(h: Health, lags: list[PartitionLag], table_sizes: dict[str, int]) -> list[Family]:
-    committed = Family(metric_name("consumer_committed_offset"), "gauge",
-                       "Offset the consumer group last committed, by owned input partition.")
-    highwater = Family(metric_name("consumer_highwater"), "gauge",
-                       "High watermark (next offset to be written), by owned input partition.")
-    lag = Family(metric_name("consumer_lag"), "gauge",
-                 "Records not yet committed (high watermark - committed offset), by owned input partition.")
+def worker_families(h: Health | None, lags: list[PartitionLag], table_sizes: dict[str, int]) -> list[GaugeMetricFamily]:
+    """The Faust-derived gauges of one scrape (`h` None: the families without samples, which is
+    what `WorkerCollector.describe` answers)."""
+    def gauge(name: str, help_text: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
+        return GaugeMetricFamily(metric_name(name), help_text, labels=labels)
+
+    per_partition = ("topic", "partition")
+    committed = gauge("consumer_committed_offset", "Offset the consumer group last committed, by owned input partition.",
+                      per_partition)
+    highwater = gauge("consumer_highwater", "High watermark (next offset to be written), by owned input partition.",
+                      per_partition)
+    lag = gauge("consumer_lag", "Records not yet committed (high watermark - committed offset), by owned input partition.",
+                per_partition)
     for p in lags:
-        labels = {"topic": p.topic, "partition": p.partition}
+        labels = [p.topic, str(p.partition)]
         if p.committed is not None:
-            committed.add(labels, p.committed)
+            committed.add_metric(labels, p.committed)
         if p.highwater is not None:
-            highwater.add(labels, p.highwater)
+            highwater.add_metric(labels, p.highwater)
         if p.lag is not None:
-            lag.add(labels, p.lag)
-    tables = Family(metric_name("table_keys"), "gauge", "Keys in each table's locally held partitions.")
+            lag.add_metric(labels, p.lag)
+    tables = gauge("table_keys", "Keys in each table's locally held partitions.", ("table",))
     for name in sorted(table_sizes):
-        tables.add({"table": name}, table_sizes[name])
-    return [
-        committed, highwater, lag, tables,
-        Family(metric_name("recovery_in_progress"), "gauge",
-               "1 while the worker restores table partitions from their changelogs.").add({}, h.recovery_in_progress),
-        Family(metric_name("recovery_active_remaining_offsets"), "gauge",
-               "Changelog offsets left to restore for active table partitions.").add({}, h.active_remaining),
-        Family(metric_name("recovery_standby_remaining_offsets"), "gauge",
-               "Changelog offsets standby table partitions are behind.").add({}, h.standby_remaining),
-        Family(metric_name("rebalancing"), "gauge", "1 while the consumer group is rebalancing.").add({}, h.rebalancing),
-        Family(metric_name("ready"), "gauge", "1 when /health answers ready.").add({}, h.ready),
-        _problem_gauge(h),
-        Family(metric_name("assigned_partitions"), "gauge", "Partitions assigned to this worker (all topics, "
-               "changelogs included), by kind.").add({"kind": "active"}, h.active_partitions).add(
-                   {"kind": "standby"}, h.standby_partitions),
+        tables.add_metric([name], table_sizes[name])
+    scalars = [  # (name, help, Health attribute)
+        ("recovery_in_progress", "1 while the worker restores table partitions from their changelogs.",
+         "recovery_in_progress"),
+        ("recovery_active_remaining_offsets", "Changelog offsets left to restore for active table partitions.",
+         "active_remaining"),
+        ("recovery_standby_remaining_offsets", "Changelog offsets standby table partitions are behind.",
+         "standby_remaining"),
+        ("rebalancing", "1 while the consumer group is rebalancing.", "rebalancing"),
+        ("ready", "1 when /health answers ready.", "ready"),
     ]
+    out = [committed, highwater, lag, tables]
+    for name, help_text, attr in scalars:
+        fam = gauge(name, help_text)
+        if h is not None:
+            fam.add_metric([], float(getattr(h, attr)))
+        out.append(fam)
+    problems = gauge("health_problem", "1 while /health names this problem (reason), else 0.", ("reason",))
+    assigned = gauge("assigned_partitions", "Partitions assigned to this worker (all topics, changelogs included), "
+                     "by kind.", ("kind",))
+    if h is not None:
+        from streams.runtime.probe import REASONS
+
+        named = {p["reason"] for p in h.problems}
+        for reason in REASONS:
+            problems.add_metric([reason], float(reason in named))
+        assigned.add_metric(["active"], h.active_partitions)
+        assigned.add_metric(["standby"], h.standby_partitions)
+    return [*out, problems, assigned]
 
 
-def _problem_gauge(h: Health) -> Family:
-    from streams.runtime.probe import REASONS
+class WorkerCollector(Collector):
+    """The Faust-derived gauges, computed when the registry is collected (at scrape time)."""
 
-    fam = Family(metric_name("health_problem"), "gauge", "1 while /health names this problem (reason), else 0.")
-    named = {p["reason"] for p in h.problems}
-    for reason in REASONS:
-        fam.add({"reason": reason}, reason in named)
-    return fam
+    def __init__(self, rt: "Runtime") -> None:
+        self.rt = rt
+        self.sizes = _TableSizes()
+        self.lags: list[PartitionLag] = []
+
+    async def refresh(self) -> None:
+        """Fetch the consumer offsets (which may ask the broker) for the next `collect()`."""
+        self.lags = [] if self.rt.app.should_stop else await consumer_lag(self.rt)
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return worker_families(None, [], {})
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        h = health(self.rt)
+        return worker_families(h, self.lags if h.status != "stopping" else [], self.sizes.get(self.rt))
 
 
 blueprint = Blueprint("health")
@@ -287,14 +323,13 @@ blueprint = Blueprint("health")
 @blueprint.route("/metrics")
 class MetricsView(View):  # no auth: Prometheus scrapes it (counts only, no content)
     def __post_init__(self) -> None:
-        self.sizes = _TableSizes()  # one per app: a view is created once per app
+        # one per app (a view is created once per app): its worker's registry collects it
+        self.collector = WorkerCollector(runtime_of(self.app))
+        self.collector.rt.metrics.registry.register(self.collector)
 
     async def get(self, request: Request) -> Response:
-        rt = runtime_of(self.app)
-        h = health(rt)
-        lags = await consumer_lag(rt) if h.status != "stopping" else []
-        text = rt.metrics.render(worker_families(h, lags, self.sizes.get(rt)))
-        return self.bytes(text.encode(), headers={"Content-Type": CONTENT_TYPE})
+        await self.collector.refresh()
+        return self.bytes(self.collector.rt.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
 @blueprint.route("/v1/cluster/assignment")

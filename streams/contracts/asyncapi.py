@@ -9,13 +9,12 @@ for input topics, `send` for output topics. Written as JSON (a valid AsyncAPI se
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from streams import __version__
 from streams.contracts import catalog
+from streams.contracts.schemas import SCHEMAS_DIR
 from streams.settings import Settings
 
-SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas"
 AVRO_FORMAT = "application/vnd.apache.avro;version=1.9.0"
 
 

@@ -215,8 +215,6 @@ def _incompatibility(writer: SchemaVersion, reader: SchemaVersion) -> str | None
     detail = "; ".join(sorted(map(str, result.messages)))
     return (f"{reader.version} reader cannot read {writer.version} data (Avro compatibility checker): {kinds} "
             f"at {', '.join(sorted(result.locations))}{f': {detail}' if detail else ''}")
-    return (f"{reader.version} reader cannot read {writer.version} data (Avro compatibility checker): "
-            f"{kind} at {location}{f' ({message})' if message else ''}")
 
 
 def _first_unreadable(writer: SchemaVersion, reader: SchemaVersion) -> str | None:

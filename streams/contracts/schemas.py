@@ -1,6 +1,8 @@
 """The record schemas: load, parse and fingerprint every ``schemas/**.avsc`` once.
 
-Layout of the schemas directory (``SCHEMAS_DIR``, the repo's ``schemas/``)::
+The schemas are package data, ``streams/contracts/avsc/`` (the repo's ``schemas/`` is a symlink to
+it), found through ``importlib.resources`` (``schemas_dir()``), so an installed wheel, ``pip install .``
+or the Docker image load the same files as a checkout. Layout of that directory (``SCHEMAS_DIR``)::
 
     schemas/<stem>.avsc                  current version of a record: the single source of truth
     schemas/released/<stem>/v<N>.avsc    every released version, never edited again
@@ -22,6 +24,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from functools import cache, cached_property
+from importlib import resources
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -29,7 +32,18 @@ from fastavro import parse_schema
 from fastavro.schema import fingerprint as _fingerprint_hex
 from fastavro.schema import to_parsing_canonical_form
 
-SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas"
+
+def schemas_dir() -> Path:
+    """The directory of the record schemas, inside the installed ``streams`` package.
+
+    Resolved from the ``streams`` package (not from this module's file), so the answer does not
+    depend on which subpackage this module lives in. A package installed as files (a wheel, an
+    editable or a plain install) gives a real directory; a zipped import is not supported.
+    """
+    return Path(str(resources.files("streams") / "contracts" / "avsc"))
+
+
+SCHEMAS_DIR = schemas_dir()
 CURRENT = "current"
 _RELEASED_FILE = re.compile(r"^v([1-9][0-9]*)\.avsc$")
 _NAMED = ("record", "enum", "fixed")

@@ -8,7 +8,7 @@ Entry points::
 
     process_candidate(memory, candidate, policy=None, promotion=None, decider=None) -> Outcome
     process_event(memory, event, policy=None, promotion=None) -> Outcome
-    sweep(memory, now_ms, policy=None) -> Outcome              # housekeeping timer (RetentionPolicy)
+    sweep_memory(memory, now_ms, policy=None) -> Outcome       # housekeeping timer (HousekeepingPolicy)
     UserMemory.from_nodes(motebit_id, node_records, aux_record) # rebuild after restart
 """
 
@@ -23,15 +23,13 @@ from .consolidation import (
 )
 from .exposure import GateResult, exposure_gate, quarantine_entry
 from .hints import HeaderHints, hints_record, is_instruction_entry, read_header_hints
-from .housekeeping import RetentionPolicy, expiry_reason, sweep
+from .housekeeping import HousekeepingPolicy, sweep_memory
 from .ids import NAMESPACE, derive_id, event_id_for, node_id_for, quarantine_id_for
 from .ingest import (
     REDACTED_CONTENT,
     DedupWindow,
     Rejection,
-    ReorderBuffer,
     event_sort_key,
-    order_events,
     validate_candidate,
     validate_event,
 )
@@ -52,9 +50,9 @@ __all__ = [
     "ConsolidationPolicy", "Decider", "Decision", "DeterministicDecider", "apply", "check_decision", "hard_rules",
     "GateResult", "exposure_gate", "quarantine_entry",
     "HeaderHints", "hints_record", "is_instruction_entry", "read_header_hints",
-    "RetentionPolicy", "expiry_reason", "sweep",
+    "HousekeepingPolicy", "sweep_memory",
     "NAMESPACE", "derive_id", "event_id_for", "node_id_for", "quarantine_id_for",
-    "REDACTED_CONTENT", "DedupWindow", "Rejection", "ReorderBuffer", "event_sort_key", "order_events",
+    "REDACTED_CONTENT", "DedupWindow", "Rejection", "event_sort_key",
     "validate_candidate", "validate_event",
     "NODE_FIELDS", "as_of", "content_fingerprint", "decayed_confidence", "valid_at",
     "Outcome", "process_candidate", "process_event",

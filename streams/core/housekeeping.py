@@ -1,9 +1,10 @@
 """Housekeeping (SPEC §4.4): decay, retention, access and pinning — the pure rules.
 
-The partition-local timer of the Faust shell calls :func:`sweep_memory` (or, on bare node
-records, :func:`sweep` + :func:`deletion_event`); the ``memory.events`` agent applies
-``memory_accessed`` / ``memory_pinned`` with the rules :func:`apply_access` / :func:`apply_pin`
-(the same rules :mod:`streams.core.process` implements on :class:`UserMemory`).
+The partition-local timer of the Faust shell calls :func:`sweep_memory` on a user's
+:class:`UserMemory` (:func:`select_expired` is its selection over bare node records, and
+:func:`deletion_event` the event it emits). ``memory_accessed`` and ``memory_pinned`` change
+nodes through the one event entry point, :func:`streams.core.process.process_event` (the rules
+are restated below because decay, retention and "cold" read what they write).
 
 Decay
     ``decayed_confidence = c · 0.5^(elapsed / half_life)`` — :func:`streams.core.nodes.decayed_confidence`,
@@ -32,16 +33,19 @@ time bucket in the id would move to the next bucket and mint a second deletion e
 the same node. With the node id the re-run produces the same id and consumers de-duplicate
 on it. (The timestamp / version_clock of the repeated event may differ; the id does not.)
 
+Access (``process_event`` of a ``memory_accessed``): ``last_accessed_at`` becomes the max of
+the old value and the event time (a late access never moves it back) and ``access_count`` goes
+up by one, so any delivery order of the same accesses gives the same node.
+
 Cold vs live (:func:`is_cold`): a node not accessed (or, never accessed, not formed) for
 more than ``cold_after_ms`` is cold. Cold is informational (analytics, recall ranking); it
 does not delete anything.
 
-Pins (:func:`apply_pin`): the latest ``memory_pinned`` wins by ``(timestamp, version_clock,
-event_id)`` (:func:`streams.core.ingest.event_sort_key`; the id only breaks exact ties). The
-ordering key is *not* a MemoryNode field, so the caller keeps the returned :data:`Pin`
-(``UserMemory.pins`` holds exactly this tuple in the aux record), also for a node that has
-not formed yet, so a pin that overtakes its node still applies. Pinning a deleted node does
-nothing.
+Pins (``process_event`` of a ``memory_pinned``): the latest ``memory_pinned`` wins by
+``(timestamp, version_clock, event_id)`` (:func:`streams.core.ingest.event_sort_key`; the id only
+breaks exact ties). The ordering key is *not* a MemoryNode field, so ``UserMemory.pins`` keeps it
+(one :data:`~streams.core.state.Pin` per node id), also for a node that has not formed yet, so a
+pin that overtakes its node still applies. Pinning a deleted node does nothing.
 """
 
 from __future__ import annotations
@@ -57,10 +61,10 @@ from .nodes import (
     grown_half_life_ms,
     is_open,
 )
-from .state import Pin, UserMemory
+from .state import UserMemory
 from .vocabulary import SENSITIVITY_LEVELS, is_sensitivity
 
-#: Reasons returned by :func:`prune_reason` / :func:`sweep`.
+#: Reasons returned by :func:`prune_reason` / :func:`select_expired`.
 REASON_DECAYED = "decayed"
 REASON_RETENTION = "retention_expired"
 
@@ -103,9 +107,6 @@ class HousekeepingPolicy:
         return self.retention_ms[level]
 
 
-#: Backwards-compatible name (``streams.core`` exports it).
-RetentionPolicy = HousekeepingPolicy
-
 _DEFAULT_POLICY = HousekeepingPolicy()
 
 
@@ -145,11 +146,6 @@ def prune_reason(node: Mapping[str, Any], now_ms: int, policy: HousekeepingPolic
     if is_open(node) and decayed_confidence(node, now_ms) < policy.prune_below:
         return REASON_DECAYED
     return None
-
-
-def expiry_reason(node: Mapping[str, Any], now_ms: int, policy: HousekeepingPolicy | None = None) -> str | None:
-    """Backwards-compatible name of :func:`prune_reason`."""
-    return prune_reason(node, now_ms, policy)
 
 
 def select_expired(
@@ -194,34 +190,9 @@ def sweep_memory(memory: UserMemory, now_ms: int, policy: HousekeepingPolicy | N
     return out
 
 
-def sweep(nodes_or_memory, now_ms: int, policy: HousekeepingPolicy | None = None):
-    """Housekeeping selection.
-
-    * ``sweep(nodes, now_ms, policy) -> list[(node_id, reason)]`` for any iterable of node
-      records (pure, nothing changes; pair with :func:`deletion_event`);
-    * ``sweep(memory: UserMemory, now_ms, policy) -> Outcome`` — the older entry point,
-      kept for callers of ``streams.core.sweep``: same as :func:`sweep_memory`."""
-    if isinstance(nodes_or_memory, UserMemory):
-        return sweep_memory(nodes_or_memory, now_ms, policy)
-    return select_expired(nodes_or_memory, now_ms, policy)
-
-
 # --------------------------------------------------------------------------------------------
-# Access: live vs cold
+# Live vs cold
 # --------------------------------------------------------------------------------------------
-
-
-def apply_access(node: Mapping[str, Any], event_ts: int) -> dict[str, Any]:
-    """The node after a ``memory_accessed`` at ``event_ts``: ``last_accessed_at`` becomes the
-    max of the old value and ``event_ts`` (so a late access never moves it back) and
-    ``access_count`` goes up by one. Order-insensitive: any delivery order of the same
-    accesses gives the same node. Returns a new dict (nodes are never changed in place)."""
-    last = node.get("last_accessed_at")
-    return {
-        **node,
-        "last_accessed_at": int(event_ts) if last is None else max(int(last), int(event_ts)),
-        "access_count": int(node.get("access_count") or 0) + 1,
-    }
 
 
 def last_activity_ms(node: Mapping[str, Any]) -> int:
@@ -236,66 +207,3 @@ def is_cold(node: Mapping[str, Any], now_ms: int, cold_after_ms: int | None = No
     limit = _DEFAULT_POLICY.cold_after_ms if cold_after_ms is None else int(cold_after_ms)
     return int(now_ms) - last_activity_ms(node) > limit
 
-
-def is_live(node: Mapping[str, Any], now_ms: int, cold_after_ms: int | None = None) -> bool:
-    return not is_cold(node, now_ms, cold_after_ms)
-
-
-# --------------------------------------------------------------------------------------------
-# Pinning
-# --------------------------------------------------------------------------------------------
-
-
-def pin_key(pin: Pin) -> tuple[int, int, str]:
-    """The ordering part ``(timestamp, version_clock, event_id)`` of a kept :data:`Pin`."""
-    return (int(pin[0]), int(pin[1]), str(pin[2]))
-
-
-def apply_pin(
-    node: Mapping[str, Any] | None,
-    pinned: bool,
-    event_ts: int,
-    version_clock: int = 0,
-    event_id: str = "",
-    *,
-    current: Pin | None = None,
-    deleted: bool = False,
-) -> tuple[dict[str, Any] | None, Pin | None]:
-    """Apply one ``memory_pinned`` (``pinned`` at ``(event_ts, version_clock, event_id)``).
-
-    ``node`` — the node (None when it has not formed yet); ``current`` — the latest pin the
-    caller kept for this node id; ``deleted`` — the node id was deleted.
-
-    Returns ``(node_after, pin_to_keep)``:
-
-    * deleted node → ``(None, None)``: nothing happens and nothing is kept (the caller drops
-      any pin it held for the id);
-    * an older pin than ``current`` → ``(node unchanged, current)``: the latest one already won;
-    * otherwise → ``(node with pinned set — a new dict, or None when not formed yet,
-      (event_ts, version_clock, event_id, pinned))``.
-
-    Whatever the arrival order of a set of pins, the node ends with the pinned value of the
-    greatest key."""
-    if deleted:
-        return None, None
-    pin: Pin = (int(event_ts), int(version_clock), str(event_id), bool(pinned))
-    if current is not None and pin_key(pin) <= pin_key(current):
-        return (dict(node) if node is not None else None), current
-    if node is None:
-        return None, pin
-    return {**node, "pinned": bool(pinned)}, pin
-
-
-def apply_pin_event(
-    node: Mapping[str, Any] | None, event: Mapping[str, Any], *, current: Pin | None = None, deleted: bool = False
-) -> tuple[dict[str, Any] | None, Pin | None]:
-    """:func:`apply_pin` for a (validated) ``memory_pinned`` MemoryEvent."""
-    return apply_pin(
-        node,
-        bool(event["payload"]["pinned"]),
-        int(event["timestamp"]),
-        int(event.get("version_clock") or 0),
-        str(event.get("event_id") or ""),
-        current=current,
-        deleted=deleted,
-    )

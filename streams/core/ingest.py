@@ -30,23 +30,22 @@ re-delivers within the uncommitted window (seconds to minutes) and topics keep 7
 unbounded set would grow forever per user. Older re-sends fall back on the idempotency of
 the core (deterministic ids; formation of an existing or deleted node id is refused).
 
-Ordering: within a key, records are applied in ``(timestamp, version_clock, event_id)``
-order (:func:`event_sort_key`). :class:`ReorderBuffer` holds records for up to
-``max_delay_ms`` of event time and releases them sorted. Policy for late records (older
-than something already released): they are released at once — never dropped, nothing
-disappears — flagged ``late``, and counted; the state updates they make are order-insensitive
-(latest ``memory_pinned`` wins by this same sort key, ``last_accessed_at`` is a max, counts
-add, deletion is permanent and a deleted node id can never form again), so a late record
-lands in the state it would have produced in order.
+Ordering: within a key, ``(timestamp, version_clock, event_id)`` (:func:`event_sort_key`) is
+the order of memory events. Nothing is held back to sort them: ``process_event`` applies each
+event as it arrives, and one older than an event already applied (``UserMemory.last_event_key``)
+is *late*: applied at once — never dropped, nothing disappears — flagged ``late`` on its
+Outcome, and counted (``UserMemory.stats["late"]``). The state updates events make are
+order-insensitive (latest ``memory_pinned`` wins by this same sort key, ``last_accessed_at`` is
+a max, counts add, deletion is permanent and a deleted node id can never form again), so a late
+record lands in the state it would have produced in order.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from .limits import (
     DEFAULT_LIMITS,
@@ -93,17 +92,6 @@ CANDIDATE_FIELDS: tuple[str, ...] = (
     "kind",
     "session_id",
 )
-
-ENVELOPE_FIELDS: tuple[str, ...] = (
-    "event_id",
-    "motebit_id",
-    "device_id",
-    "timestamp",
-    "version_clock",
-    "event_type",
-    "payload",
-)
-
 
 #: 2000-01-01T00:00:00Z in Unix ms: no memory input is older (a time before it is a unit or clock error)
 MIN_TIME_MS = 946_684_800_000
@@ -637,58 +625,3 @@ def event_sort_key(event: Mapping[str, Any]) -> tuple[int, int, str]:
         str(event.get("event_id") or event.get("candidate_id") or ""),
     )
 
-
-def order_events(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return sorted(events, key=event_sort_key)
-
-
-class ReorderBuffer:
-    """A per-key reorder buffer over event time.
-
-    ``push`` returns the records that may now be applied, in sort-key order: every held
-    record whose timestamp is at or below the watermark (newest timestamp seen minus
-    ``max_delay_ms``), plus the oldest ones when more than ``max_pending`` are held. A record
-    older than the last released one is *late*: it is released immediately (never dropped)
-    and counted in ``late``; ``is_late`` tells the caller which. ``flush`` releases all.
-
-    The buffer lives in memory; a shell that commits offsets before a held record is
-    released must persist ``pending()`` (e.g. in a table) or accept that a crash re-delivers
-    from the last commit — which the de-duplication window absorbs."""
-
-    def __init__(self, max_delay_ms: int = 5_000, max_pending: int = 1_000) -> None:
-        self.max_delay_ms = max_delay_ms
-        self.max_pending = max_pending
-        self._held: list[tuple[tuple[int, int, str], int, Mapping[str, Any]]] = []
-        self._seq = 0
-        self._max_ts: int | None = None
-        self.last_released: tuple[int, int, str] | None = None
-        self.late = 0
-
-    def is_late(self, event: Mapping[str, Any]) -> bool:
-        return self.last_released is not None and event_sort_key(event) < self.last_released
-
-    def push(self, event: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-        key = event_sort_key(event)
-        if self.last_released is not None and key < self.last_released:
-            self.late += 1
-            return [event]
-        self._seq += 1
-        bisect.insort(self._held, (key, self._seq, event))
-        self._max_ts = key[0] if self._max_ts is None else max(self._max_ts, key[0])
-        watermark = self._max_ts - self.max_delay_ms
-        out: list[Mapping[str, Any]] = []
-        while self._held and (self._held[0][0][0] <= watermark or len(self._held) > self.max_pending):
-            k, _, e = self._held.pop(0)
-            self.last_released = k
-            out.append(e)
-        return out
-
-    def flush(self) -> list[Mapping[str, Any]]:
-        out = [e for _, _, e in self._held]
-        if self._held:
-            self.last_released = self._held[-1][0]
-        self._held.clear()
-        return out
-
-    def pending(self) -> list[Mapping[str, Any]]:
-        return [e for _, _, e in self._held]

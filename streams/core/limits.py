@@ -18,8 +18,8 @@ Ids (:func:`check_id`): every id — ``motebit_id``/``user_id``, ``candidate_id`
 letter or digit. Why this set: it holds UUIDs, ULIDs, slugs (``mb-ada``), e-mail-like
 (``ada@example.com``) and URN-like (``urn:agent:42``) ids, every sample and seed id; it
 excludes ``/`` (table keys are ``<user>`` and ``<user>/<node>``: a user ``victim/x`` would
-collide with the rows of ``victim``), ``~`` (internal rows live under ``<user>/~seen/``, so no
-node id can name one), whitespace, control characters, ``%`` and ``?``/``#`` (ids appear in
+collide with the rows of ``victim``), ``~`` (the shell names its internal rows ``<user>/~…``,
+so no node id can name one), whitespace, control characters, ``%`` and ``?``/``#`` (ids appear in
 HTTP paths), and anything outside ASCII (no look-alike or normalisation ambiguity between two
 keys that render the same). The first character rules out ``.``/``..`` (path segments a URL
 normalises away) and leading punctuation.
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields
-from typing import Any, Iterable
+from typing import Any
 
 #: Characters an id may contain (see the module doc); the first must be a letter or a digit.
 ID_CHARSET = "A-Za-z0-9._:@-"
@@ -166,10 +166,3 @@ def check_id(field: str, value: Any, limits: Limits = DEFAULT_LIMITS) -> str:
 
 def is_valid_id(value: Any, limits: Limits = DEFAULT_LIMITS) -> bool:
     return id_problem(value, limits) is None
-
-
-def check_ids(pairs: Iterable[tuple[str, Any]], limits: Limits = DEFAULT_LIMITS) -> None:
-    """:func:`check_id` each (field, value) whose value is not None."""
-    for field, value in pairs:
-        if value is not None:
-            check_id(field, value, limits)

@@ -1,10 +1,11 @@
 """The relay view (SPEC §2 ``memory.relay.v1``, §4.4, seed memory-events): what a sync peer
 may see of the ledger.
 
-:func:`relay_events` maps ONE ledger event to the list of relay events (0, 1 or 2);
-:func:`relay_view` is the single-event form. Both are pure: the shell keeps, per user, the
-set of deleted node ids (and optionally deleted content fingerprints) and the consented
-threshold (:func:`threshold_for` over a table fed by a policy topic).
+:func:`relay_events` maps ONE ledger event to the list of relay events (0, 1 or 2). It is
+pure: the shell passes, per user, the deleted node ids and content fingerprints its state
+remembers (``UserMemory``: a ``memory_deleted`` or a deletion tombstone adds the node id, see
+:func:`streams.core.process.process_event`) and the consented threshold (:func:`threshold_for`
+over a table fed by a policy topic).
 
 Rules, per ``event_type``:
 
@@ -53,7 +54,6 @@ SensitivityLevel is ignored in favour of the most restrictive level, ``none`` (f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Collection, Mapping
 
 from .ids import derive_id
@@ -92,31 +92,6 @@ def threshold_for(user: str, overrides: Mapping[str, Any] | None, default: str =
         return normalize_threshold(overrides[user])
     return normalize_threshold(default)
 
-
-@dataclass(frozen=True)
-class RelayPolicy:
-    """Relay configuration. ``overrides`` is the per-user table the shell keeps from the
-    policy topic (``user -> SensitivityLevel``); ``local_only`` the event types that are
-    never forwarded (always includes ``memory_audit``)."""
-
-    default_threshold: str = DEFAULT_THRESHOLD
-    overrides: Mapping[str, str] = field(default_factory=dict)
-    local_only: frozenset[str] = LOCAL_ONLY_EVENT_TYPES
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "local_only", frozenset(self.local_only) | LOCAL_ONLY_EVENT_TYPES)
-
-    def threshold_for(self, user: str) -> str:
-        return threshold_for(user, self.overrides, self.default_threshold)
-
-    def with_override(self, user: str, threshold: str | None) -> "RelayPolicy":
-        """A copy with ``user``'s override set (``None`` removes it: back to the default)."""
-        table = dict(self.overrides)
-        if threshold is None:
-            table.pop(user, None)
-        else:
-            table[user] = threshold
-        return RelayPolicy(self.default_threshold, table, self.local_only)
 
 
 def passes(sensitivity: Any, threshold: str) -> bool:
@@ -172,11 +147,6 @@ def tombstone_for(node_id: str, user: str, source_event: Mapping[str, Any],
             "valid_until": None,
         },
     }
-
-
-def is_tombstone(event: Mapping[str, Any]) -> bool:
-    p = event.get("payload") or {}
-    return event.get("event_type") == "memory_formed" and p.get("redacted_reason") == DELETED_REASON
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,31 +272,3 @@ def relay_events(
     if et == "memory_decayed":
         return [_envelope(event, {})]
     return []  # unknown event type: fail closed
-
-
-def relay_view(
-    event: Mapping[str, Any],
-    threshold: str = DEFAULT_THRESHOLD,
-    deleted_node_ids: Collection[str] = (),
-    *,
-    deleted_fingerprints: Collection[str] = (),
-    local_only: Collection[str] = LOCAL_ONLY_EVENT_TYPES,
-) -> dict[str, Any] | None:
-    """The relay form of ``event`` itself, or None when it is not forwarded. For a
-    ``memory_deleted`` this is the deletion only: use :func:`relay_events` (or add
-    :func:`tombstone_for`) to also send the tombstone."""
-    out = relay_events(
-        event, threshold, deleted_node_ids, deleted_fingerprints=deleted_fingerprints, local_only=local_only
-    )
-    return out[0] if out else None
-
-
-def deleted_after(event: Mapping[str, Any], deleted_node_ids: Collection[str]) -> set[str]:
-    """The user's deleted node ids after ``event`` (the shell's relay state update):
-    a ``memory_deleted`` or a deletion tombstone adds its node id."""
-    out = set(deleted_node_ids)
-    p = event.get("payload") or {}
-    if event.get("event_type") == "memory_deleted" or is_tombstone(event):
-        if p.get("node_id"):
-            out.add(p["node_id"])
-    return out

@@ -867,12 +867,6 @@ class SimilarityIndex:
         ``exact_scan_below`` nodes when queried)."""
         return self._hashed
 
-    def embedding_dim_of(self, node_id: str) -> int | None:
-        entry = self._nodes.get(node_id)
-        if entry is None or not usable_embedding(entry[1]):
-            return None
-        return len(entry[1])  # type: ignore[arg-type]
-
     def shingles_of(self, node_id: str, text: str) -> frozenset[str]:
         """``text_shingles(text)`` of a node, kept while the user is scanned exactly (every
         candidate then scores every node: the shingles of a node are computed once)."""

@@ -4,14 +4,12 @@ Durable state is two records, both plain dicts the shell keeps in Faust tables:
 
 * the **node records** (``memory.nodes.v1``, key ``motebit_id/node_id``) — live and closed
   (superseded) nodes;
-* one **aux record** per user (:meth:`UserMemory.aux_record`; the shell adds ``pending``, a
-  redo log of the node rows its last write batch changed — see :meth:`from_nodes`) — what node
-  records cannot carry: fingerprints and ids of deleted nodes (so deleted content is never re-formed and a
-  late ``memory_formed`` of a deleted id never resurrects it), the de-duplication window,
+* one **aux record** per user (:meth:`UserMemory.aux_record`) — what node records cannot carry:
+  fingerprints and ids of deleted nodes (so deleted content is never re-formed and a late
+  ``memory_formed`` of a deleted id never resurrects it), the de-duplication window,
   the Lamport clock of derived events and the latest ``memory_pinned`` per node (also for
   nodes not formed yet, so a pin that overtakes its node still applies).
-  Apart from ``pending`` (rows that are also node records) it holds no content (fingerprints
-  are SHA-256 of normalized text).
+  It holds no content (fingerprints are SHA-256 of normalized text).
 
 Everything else — the similarity index in particular — is derived and rebuilt by
 :meth:`UserMemory.from_nodes`; a rebuilt state decides exactly like the one it replaces.
@@ -23,34 +21,45 @@ dict handed to the shell (an upsert) never changes afterwards.
 Bounds: ``deleted_fingerprints`` and ``deleted_node_ids`` are kept for ever (they are the
 guarantee; ~100 bytes per deleted node, no content), and ``pins`` holds one entry per pinned
 node id. Kept in the aux record these would grow it without bound, so the compact aux record
-(the one the shell stores) leaves them out: each entry is a **side row** of its own, named by
-a suffix (``~del/<node_id>``, ``~fp/<fingerprint>``, ``~pin/<node_id>``) that the shell stores
-at ``<motebit_id>/<suffix>`` like the de-duplication window's sealed chunks
-(:meth:`UserMemory.side_changes`, ``side_rows`` of :meth:`UserMemory.from_nodes`). Every row
-the shell stores is then bounded by the limits of one record. The de-duplication window is
-bounded (see :class:`~streams.core.ingest.DedupWindow`).
+leaves them out, as it leaves out the sealed chunks of the de-duplication window (bounded:
+:class:`~streams.core.ingest.DedupWindow`): the state reports what changed in each
+(:meth:`UserMemory.side_changes`, :meth:`UserMemory.seen_changes`) and takes them back apart
+(the keyword arguments of :meth:`UserMemory.from_nodes`), so the shell can keep each entry in a
+small record of its own. How those are named and stored — table keys, rows, a redo log of a
+partly written batch — is the shell's business (``streams.agents.user_cache``), not the state's.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
 from .ingest import DedupWindow
 from .nodes import as_of, complete_node, is_open
 from .similarity import IndexConfig, SimilarityIndex
 
-#: prefix (after "<node key space>") of the de-duplication window's sealed chunks in a redo log
-SEEN_CHUNK_KEY = "~seen/"
-#: prefixes of the side rows (one per deleted node id, deleted fingerprint, pin); no id can
-#: contain "~", so none of these can collide with a node id
-DELETED_ID_KEY = "~del/"
-DELETED_FP_KEY = "~fp/"
-PIN_KEY = "~pin/"
-SIDE_PREFIXES = (DELETED_ID_KEY, DELETED_FP_KEY, PIN_KEY)
-
 PinKey = tuple[int, int, str]
 #: latest memory_pinned per node: (timestamp, version_clock, event_id, pinned)
 Pin = tuple[int, int, str, bool]
+
+
+def as_pin(value: Any) -> Pin:
+    """A :data:`Pin` from its stored form (a list or tuple of its four fields)."""
+    return (int(value[0]), int(value[1]), str(value[2]), bool(value[3]))
+
+
+@dataclass
+class SideChanges:
+    """What :meth:`UserMemory.side_changes` reports: the entries the compact aux record leaves
+    out, changed since the last call. Deleted ids and fingerprints are only ever added; a pin
+    is set (its :data:`Pin`) or gone (None: its node was deleted). Each in sorted order."""
+
+    deleted_node_ids: list[str] = field(default_factory=list)
+    deleted_fingerprints: list[str] = field(default_factory=list)
+    pins: dict[str, Pin | None] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.deleted_node_ids) + len(self.deleted_fingerprints) + len(self.pins)
 
 
 class UserMemory:
@@ -74,7 +83,10 @@ class UserMemory:
         #: newest (timestamp, version_clock, id) applied from memory.events (late detection)
         self.last_event_key: PinKey | None = None
         self.stats: dict[str, int] = {"late": 0}
-        self._side_dirty: set[str] = set()  # side-row suffixes changed since `side_changes`
+        # changed since `side_changes`: deleted ids, deleted fingerprints, pinned node ids
+        self._new_deleted_ids: set[str] = set()
+        self._new_deleted_fps: set[str] = set()
+        self._changed_pins: set[str] = set()
 
     # ------------------------------------------------------------------ construction ----
     @classmethod
@@ -88,62 +100,39 @@ class UserMemory:
         dedup_max_ids: int = 10_000,
         dedup_horizon_ms: int = 7 * 24 * 60 * 60 * 1000,
         seen_chunks: Mapping[int, list] | None = None,
-        side_rows: Mapping[str, Any] | None = None,
+        deleted_node_ids: Iterable[str] = (),
+        deleted_fingerprints: Iterable[str] = (),
+        pins: Mapping[str, Any] | None = None,
     ) -> "UserMemory":
         """Rebuild from the durable state: node records (any order), the aux record and, when
-        the aux record is compact (``aux_record(compact=True)``), the sealed chunks of its
-        de-duplication window (``seen_changes``).
+        the aux record is compact (``aux_record(compact=True)``), what it leaves out: the sealed
+        chunks of its de-duplication window (``seen_chunks``: chunk number → its rows, as
+        ``seen_changes`` reported them) and the deleted ids, deleted fingerprints and pins (as
+        ``side_changes`` reported them; a pin in its stored form, see :func:`as_pin`).
 
-        The aux record's ``pending`` is the redo log of the last batch that changed this user:
-        node id → node record (None: deleted) and ``SEEN_CHUNK_KEY + k`` → chunk ``k`` (None:
-        dropped). The shell writes the aux record *before* those rows, so after a crash in
-        between the rows may be missing or older; ``pending`` wins over them.
-
-        ``side_rows`` (suffix → row) are the deleted ids, deleted fingerprints and pins stored
-        apart from a compact aux record; an aux record of the earlier layout (with those in it)
+        An aux record of the earlier layout (with the deleted ids, fingerprints and pins in it)
         is read too, and its entries are then reported by the next ``side_changes`` so that the
-        shell moves them into side rows."""
+        shell keeps them apart from then on."""
         um = cls(motebit_id, index_config=index_config, dedup_max_ids=dedup_max_ids, dedup_horizon_ms=dedup_horizon_ms)
-        chunks = dict(seen_chunks or {})
-        side = dict(side_rows or {})
-        pending = (aux or {}).get("pending") or {}
-        if pending:
-            by_id = {n["node_id"]: n for n in nodes}
-            for key, row in pending.items():
-                if key.startswith(SEEN_CHUNK_KEY):
-                    target, ident = chunks, int(key[len(SEEN_CHUNK_KEY):])
-                elif key.startswith(SIDE_PREFIXES):
-                    target, ident = side, key
-                else:
-                    target, ident = by_id, key
-                if row is None:
-                    target.pop(ident, None)
-                else:
-                    target[ident] = row
-            nodes = by_id.values()
         for rec in sorted((complete_node(n) for n in nodes), key=lambda n: n["node_id"]):
             if rec["motebit_id"] != motebit_id:
                 raise ValueError(f"node {rec['node_id']} belongs to {rec['motebit_id']!r}, not {motebit_id!r}")
             um.put_node(rec)
-        for key, row in side.items():
-            if key.startswith(DELETED_ID_KEY):
-                um.deleted_node_ids.add(key[len(DELETED_ID_KEY):])
-            elif key.startswith(DELETED_FP_KEY):
-                um.deleted_fingerprints.add(key[len(DELETED_FP_KEY):])
-            elif key.startswith(PIN_KEY):
-                um.pins[key[len(PIN_KEY):]] = (int(row[0]), int(row[1]), str(row[2]), bool(row[3]))
+        um.deleted_node_ids.update(deleted_node_ids)
+        um.deleted_fingerprints.update(deleted_fingerprints)
+        um.pins.update((node_id, as_pin(pin)) for node_id, pin in (pins or {}).items())
         if aux:
             legacy_ids, legacy_fps = aux.get("deleted_node_ids") or (), aux.get("deleted_fingerprints") or ()
             legacy_pins = aux.get("pins") or {}
             um.deleted_node_ids.update(legacy_ids)
             um.deleted_fingerprints.update(legacy_fps)
             for k, v in legacy_pins.items():
-                um.pins.setdefault(k, (int(v[0]), int(v[1]), str(v[2]), bool(v[3])))
-            um._side_dirty.update(DELETED_ID_KEY + i for i in legacy_ids)
-            um._side_dirty.update(DELETED_FP_KEY + f for f in legacy_fps)
-            um._side_dirty.update(PIN_KEY + k for k in legacy_pins)
+                um.pins.setdefault(k, as_pin(v))
+            um._new_deleted_ids.update(legacy_ids)
+            um._new_deleted_fps.update(legacy_fps)
+            um._changed_pins.update(legacy_pins)
             seen = aux.get("seen") or {}
-            um.seen = (DedupWindow.from_tail_record(seen, chunks, dedup_max_ids, dedup_horizon_ms) if "tail" in seen
+            um.seen = (DedupWindow.from_tail_record(seen, seen_chunks or {}, dedup_max_ids, dedup_horizon_ms) if "tail" in seen
                        else DedupWindow.from_record(seen, dedup_max_ids, dedup_horizon_ms))
             um.clock = int(aux.get("clock") or 0)
             lk = aux.get("last_event_key")
@@ -173,18 +162,14 @@ class UserMemory:
             "stats": dict(sorted(self.stats.items())),
         }
 
-    def side_changes(self) -> dict[str, Any]:
-        """Side rows to write since the last call: suffix → row, None = remove the row."""
-        out: dict[str, Any] = {}
-        for key in sorted(self._side_dirty):
-            if key.startswith(DELETED_ID_KEY):
-                out[key] = 1 if key[len(DELETED_ID_KEY):] in self.deleted_node_ids else None
-            elif key.startswith(DELETED_FP_KEY):
-                out[key] = 1 if key[len(DELETED_FP_KEY):] in self.deleted_fingerprints else None
-            else:
-                pin = self.pins.get(key[len(PIN_KEY):])
-                out[key] = list(pin) if pin is not None else None
-        self._side_dirty.clear()
+    def side_changes(self) -> SideChanges:
+        """The deleted ids, deleted fingerprints and pins changed since the last call (what the
+        compact aux record leaves out, besides the de-duplication chunks: `seen_changes`)."""
+        out = SideChanges(sorted(self._new_deleted_ids), sorted(self._new_deleted_fps),
+                          {nid: self.pins.get(nid) for nid in sorted(self._changed_pins)})
+        self._new_deleted_ids.clear()
+        self._new_deleted_fps.clear()
+        self._changed_pins.clear()
         return out
 
     # --------------------------------------------------------- side-row collections ----
@@ -192,15 +177,16 @@ class UserMemory:
         """Remember a deleted fingerprint: that content never forms a node again."""
         if fingerprint not in self.deleted_fingerprints:
             self.deleted_fingerprints.add(fingerprint)
-            self._side_dirty.add(DELETED_FP_KEY + fingerprint)
+            self._new_deleted_fps.add(fingerprint)
 
     def set_pin(self, node_id: str, pin: Pin) -> None:
         self.pins[node_id] = pin
-        self._side_dirty.add(PIN_KEY + node_id)
+        self._changed_pins.add(node_id)
 
     def seen_changes(self) -> tuple[dict[int, list], list[int]]:
-        """Chunks of the de-duplication window to write (sealed since the last call) and to
-        delete (wholly out of the window) — the rows beside a compact aux record."""
+        """Chunks of the de-duplication window sealed since the last call (chunk number → its
+        rows) and those now wholly out of the window — what a compact aux record leaves out of
+        its window (``seen_chunks`` of :meth:`from_nodes`)."""
         return self.seen.take_changes()
 
     def clone(self) -> "UserMemory":
@@ -213,7 +199,9 @@ class UserMemory:
             dedup_max_ids=self.seen.max_ids,
             dedup_horizon_ms=self.seen.horizon_ms,
         )
-        copy._side_dirty = set(self._side_dirty)
+        copy._new_deleted_ids = set(self._new_deleted_ids)
+        copy._new_deleted_fps = set(self._new_deleted_fps)
+        copy._changed_pins = set(self._changed_pins)
         return copy
 
     # ------------------------------------------------------------------------ reads ----
@@ -283,9 +271,9 @@ class UserMemory:
             node = self.closed.pop(node_id, None)
         if node_id not in self.deleted_node_ids:
             self.deleted_node_ids.add(node_id)
-            self._side_dirty.add(DELETED_ID_KEY + node_id)
+            self._new_deleted_ids.add(node_id)
         if self.pins.pop(node_id, None) is not None:
-            self._side_dirty.add(PIN_KEY + node_id)
+            self._changed_pins.add(node_id)
         if node is not None:
             self.forget_content(node["content_fingerprint"])
         return node

@@ -66,11 +66,6 @@ def sensitivity_rank(level: str) -> int:
         raise VocabularyError(f"unknown sensitivity level {level!r}") from None
 
 
-def sensitivity_at_most(level: str, ceiling: str) -> bool:
-    """True when ``level`` is not above ``ceiling`` (both must be known levels)."""
-    return sensitivity_rank(level) <= sensitivity_rank(ceiling)
-
-
 def max_sensitivity(*levels: str) -> str:
     return max(levels, key=sensitivity_rank)
 
@@ -97,7 +92,3 @@ def try_normalize_action(value: Any) -> str | None:
         return normalize_action(value)
     except VocabularyError:
         return None
-
-
-def is_event_type(value: Any) -> bool:
-    return isinstance(value, str) and value in EVENT_TYPES

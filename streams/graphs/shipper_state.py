@@ -9,11 +9,10 @@ Pieces
   the *same Kafka transaction* as the lines they cover (``position_key`` / ``position_record`` /
   ``position_from_record`` below are that record's shape), so a line and the position past it
   become visible together or not at all;
-- ``read_new_lines(path, offset)`` returns only *complete* lines (ending in ``\\n``) after
-  ``offset`` and the offset just past the last one: a half-written last line is withheld until its
-  newline lands. If the file is now shorter than ``offset`` (truncated) it restarts at 0;
-- ``poll_file(path, stored)`` adds rotation detection: if the inode differs from the stored one
-  (the path now names a different file) or the file shrank, reading restarts at 0. Lines still
+- ``poll_file(path, stored)`` returns only *complete* lines (ending in ``\\n``) after the stored
+  position and the position just past the last one: a half-written last line is withheld until
+  its newline lands. If the inode differs from the stored one (the path now names a different
+  file) or the file shrank (truncated), reading restarts at 0. Lines still
   unread in a rotated-away file are not recovered (the graph recorder never rotates; this only
   keeps a replaced file from being read at a stale offset);
 - ``line_id(name, start, data)``: a deterministic id of one line (SHA-256 of file name, byte
@@ -50,7 +49,6 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from .paths import FILE_RE
 
@@ -172,19 +170,6 @@ def _read_complete(f, offset: int, max_bytes: int) -> tuple[list[Line], int]:  #
     return lines, pos
 
 
-def read_new_lines(path: str | os.PathLike[str], offset: int, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[list[Line], int]:
-    """Complete lines after ``offset`` and the offset just past the last one. A file shorter than
-    ``offset`` was truncated: reading restarts at 0. A missing file gives ``([], offset)``.
-    ``max_bytes`` bounds one read (a longer single line is still returned whole)."""
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < offset:
-                offset = 0
-            return _read_complete(f, offset, max_bytes)
-    except FileNotFoundError:
-        return [], offset
-
 
 def poll_file(path: str | os.PathLike[str], stored: Position | None, max_bytes: int = DEFAULT_MAX_BYTES) -> Batch | None:
     """Read what is new in ``path`` relative to its stored position, detecting truncation and
@@ -227,8 +212,3 @@ def list_event_files(directory: str | os.PathLike[str]) -> list[str]:
     except FileNotFoundError:
         return []
     return [os.path.join(os.fspath(directory), n) for n in sorted(names) if FILE_RE.match(n)]
-
-
-def lines_text(lines: Iterable[Line]) -> list[str]:
-    """Convenience: decoded line texts (invalid UTF-8 replaced) — for logs and tests."""
-    return [ln.data.decode("utf-8", "replace") for ln in lines]

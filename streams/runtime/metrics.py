@@ -1,32 +1,49 @@
-"""Process metrics of one worker (counters and a latency histogram), kept in memory, and their
-Prometheus text exposition (format 0.0.4).
+"""Process metrics of one worker (counters, gauges and a latency histogram) as prometheus_client
+objects in a `CollectorRegistry` of the worker's own.
 
-The Runtime calls `inc("family:label")` and `observe_latency(topic, seconds)`. `render()` turns
-them, plus the gauges the `/metrics` view reads from Faust at scrape time (consumer lag, table
-sizes, recovery), into the text Prometheus scrapes:
+The Runtime calls `inc("family:label")` / `inc_label(family, label)`, `observe_latency(topic,
+seconds)` and `set_gauge(name, value)`; `streams/api/health.py` registers, in the same registry,
+the collector of the gauges read from Faust at scrape time (consumer lag, table sizes, recovery)
+and serves `render()` at `GET /metrics`:
 
-- every counter family `F` becomes `memstream_F_total` with one label; its label name comes from
-  `FAMILY_LABELS` (`in`/`out`/`duplicate` → `topic`, `decision` → `action`, `violation` → `rule`,
-  `negotiator` → `op`, `housekeeping` → `kind`); `dlq` labels `stage/error_class` become the two
-  labels `stage` and `error_class`; a family not listed gets the label `label`;
-- the processing latency is the histogram `memstream_processing_seconds{topic}` (`_bucket{le}`,
-  `_sum`, `_count`).
+- every counter family `F` is the prometheus_client Counter `memstream_F_total` with one label;
+  its label name comes from `FAMILY_LABELS` (`in`/`out`/`duplicate` → `topic`, `decision` →
+  `action`, `violation` → `rule`, `negotiator` → `op`, `housekeeping` → `kind`, ...); `dlq`
+  labels `stage/error_class` become the two labels `stage` and `error_class`; a family not listed
+  gets the label `label`. The declared families are registered up front, so a scrape names them
+  (HELP and TYPE) before their first increment, and so does `tests/api/test_grafana.py`;
+- the processing latency is the Histogram `memstream_processing_seconds{topic}` (`_bucket{le}`,
+  `_sum`, `_count`);
+- `GAUGE_HELP` names the gauges set by the agents (`memstream_<name>`, 0 until first set).
 
-Pure: no Faust, no Kafka (tests/runtime/test_metrics.py parses the output).
+One registry per Metrics, never prometheus_client's global default one: a process can hold
+several runtimes (the tests do), each exporting only its own counts. `_created` series are off
+(`disable_created_metrics()`: prometheus_client 0.26 has no per-registry switch, so this holds
+for the whole process; they would double every counter and histogram for nothing Prometheus uses).
+
+Per record, the Runtime increments counters and observes the histogram: the labelled children are
+looked up once and kept (`labels()` costs about 4× an increment), see `inc_label`.
+
+No Faust, no Kafka (tests/runtime/test_metrics.py parses the output).
 """
 
 from __future__ import annotations
 
-import math
 import re
-from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import disable_created_metrics
+from prometheus_client.metrics_core import Metric
+
+disable_created_metrics()  # process-wide in prometheus_client 0.26 (see the module docstring)
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 PREFIX = "memstream"
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: what `GET /metrics` answers with: the Prometheus text format; every name is a legacy one
+#: (`metric_name`), so the body reads the same as text format 0.0.4
+CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # counter family -> (label names, help). A `rt.count("family:label")` family not listed here is
 # still exported, with the label name `label`.
@@ -40,6 +57,8 @@ FAMILY_LABELS: dict[str, tuple[tuple[str, ...], str]] = {
     "negotiator": (("op",), "Negotiator requests handled, by op."),
     "housekeeping": (("kind",), "Housekeeping actions (e.g. expired nodes deleted), by kind."),
     "memory_users": (("event",), "Users' memory state read from the memory-state table (`loaded`) and dropped from the bounded LRU (`evicted`)."),
+    "erase": (("label",), "Erasure work done: memory nodes deleted (`nodes`) and receipts sent (`receipts`)."),
+    "analytics_refused": (("label",), "Analytics records refused, by reason."),
 }
 
 GAUGE_HELP: dict[str, str] = {
@@ -49,63 +68,88 @@ GAUGE_HELP: dict[str, str] = {
     "memory_nodes_loaded": "Nodes (+1 per user) of the loaded users, the figure bounded by MEMSTREAM_LOADED_NODES_MAX (pinned users of the running batch may exceed it).",
 }
 
+PROCESSING_HELP = "Seconds a handler took to apply one decoded input record, by input topic."
+
 _NAME_OK = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_LABEL_OK = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _BAD_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_]")
 
 
 class Metrics:
+    """One worker's counters, gauges and latency histogram, in `self.registry`."""
+
     def __init__(self) -> None:
-        self.counters: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        self.latency: dict[str, list[int]] = {}  # topic -> cumulative bucket counts (+Inf last)
-        self.latency_sum: dict[str, float] = defaultdict(float)
-        self.gauges: dict[str, float] = {}
+        self.registry = CollectorRegistry()
+        self._counters: dict[str, Counter] = {}
+        self._children: dict[str, dict[str, Counter]] = {}  # family -> label -> labelled child
+        self._gauges: dict[str, Gauge] = {}
+        self._latency = Histogram(metric_name("processing_seconds"), PROCESSING_HELP, ("topic",),
+                                  buckets=LATENCY_BUCKETS, registry=self.registry)
+        self._latency_children: dict[str, Histogram] = {}
+        for family in FAMILY_LABELS:
+            self._counter(family)
+        for name in GAUGE_HELP:
+            self._gauge(name)
 
     def set_gauge(self, name: str, value: float) -> None:
         """A value that is set, not counted (exported as the gauge `memstream_<name>`)."""
-        self.gauges[name] = value
+        gauge = self._gauges.get(name) or self._gauge(name)
+        gauge.set(value)
 
     def inc(self, name: str, n: int = 1) -> None:
         family, _, label = name.partition(":")
-        self.counters[family][label] += n
+        self.inc_label(family, label, n)
 
     def inc_label(self, family: str, label: str, n: int = 1) -> None:
         """`inc(f"{family}:{label}", n)` without building and splitting the name (per record)."""
-        self.counters[family][label] += n
+        try:
+            child = self._children[family][label]
+        except KeyError:
+            child = self._child(family, label)
+        child.inc(n)
 
     def observe_latency(self, topic: str, seconds: float) -> None:
-        buckets = self.latency.setdefault(topic, [0] * (len(LATENCY_BUCKETS) + 1))
-        for i, upper in enumerate(LATENCY_BUCKETS):
-            if seconds <= upper:
-                buckets[i] += 1
-        buckets[-1] += 1
-        self.latency_sum[topic] += seconds
+        child = self._latency_children.get(topic)
+        if child is None:
+            child = self._latency_children[topic] = self._latency.labels(topic)
+        child.observe(seconds)
 
-    def families(self) -> list["Family"]:
-        """The counters and the latency histogram as exposition families."""
-        out = []
-        for family in sorted(self.counters):
-            labels_of = self.counters[family]
-            names, help_text = FAMILY_LABELS.get(family, (("label",), f"Events counted as {family!r}, by label."))
-            fam = Family(metric_name(f"{family}_total"), "counter", help_text)
-            for label in sorted(labels_of):
-                fam.add(dict(zip(names, _split_label(label, len(names)))), labels_of[label])
-            out.append(fam)
-        hist = Family(metric_name("processing_seconds"), "histogram",
-                      "Seconds a handler took to apply one decoded input record, by input topic.")
-        for topic in sorted(self.latency):
-            counts = self.latency[topic]
-            for upper, count in zip((*LATENCY_BUCKETS, math.inf), counts):
-                hist.add({"topic": topic, "le": format_value(upper)}, count, suffix="_bucket")
-            hist.add({"topic": topic}, self.latency_sum[topic], suffix="_sum")
-            hist.add({"topic": topic}, counts[-1], suffix="_count")
-        out.append(hist)
-        for name in sorted(self.gauges):
-            out.append(Family(metric_name(name), "gauge", GAUGE_HELP.get(name, f"Gauge {name!r}.")).add({}, self.gauges[name]))
+    @property
+    def counters(self) -> dict[str, dict[str, float]]:
+        """{family: {label: count}} of every counter incremented so far (`label` as counted, the
+        `dlq` one `stage/error_class`), read from the counters' own samples."""
+        out: dict[str, dict[str, float]] = {}
+        for family, counter in self._counters.items():
+            names = _label_names(family)
+            out[family] = {"/".join(s.labels[n] for n in names): s.value
+                           for m in counter.collect() for s in m.samples if s.name.endswith("_total")}
         return out
 
-    def render(self, extra: Iterable["Family"] = ()) -> str:
-        return render([*self.families(), *extra])
+    def render(self) -> bytes:
+        """The exposition of everything in the registry (`CONTENT_TYPE`)."""
+        return generate_latest(self.registry)
+
+    def _counter(self, family: str) -> Counter:
+        counter = self._counters.get(family)
+        if counter is None:
+            help_text = FAMILY_LABELS.get(family, ((), f"Events counted as {family!r}, by label."))[1]
+            counter = Counter(metric_name(f"{family}_total"), help_text, _label_names(family), registry=self.registry)
+            self._counters[family], self._children[family] = counter, {}
+        return counter
+
+    def _child(self, family: str, label: str) -> Counter:
+        names = _label_names(family)
+        child = self._counter(family).labels(*_split_label(label, len(names)))
+        self._children[family][label] = child
+        return child
+
+    def _gauge(self, name: str) -> Gauge:
+        gauge = Gauge(metric_name(name), GAUGE_HELP.get(name, f"Gauge {name!r}."), registry=self.registry)
+        self._gauges[name] = gauge
+        return gauge
+
+
+def _label_names(family: str) -> tuple[str, ...]:
+    return FAMILY_LABELS.get(family, (("label",), ""))[0]
 
 
 def _split_label(label: str, n: int) -> list[str]:
@@ -115,23 +159,6 @@ def _split_label(label: str, n: int) -> list[str]:
     return parts + [""] * (n - len(parts))
 
 
-# --------------------------------------------------------------------------- exposition
-
-
-@dataclass
-class Family:
-    """One metric family: HELP, TYPE and its samples (suffix, labels, value)."""
-
-    name: str
-    type: str  # counter | gauge | histogram | untyped
-    help: str
-    samples: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
-
-    def add(self, labels: Mapping[str, object], value: float, suffix: str = "") -> "Family":
-        self.samples.append((suffix, {k: str(v) for k, v in labels.items()}, value))
-        return self
-
-
 def metric_name(name: str) -> str:
     """`memstream_<name>` with every character Prometheus does not allow replaced by `_`."""
     out = f"{PREFIX}_{_BAD_NAME_CHARS.sub('_', name)}"
@@ -139,45 +166,9 @@ def metric_name(name: str) -> str:
     return out
 
 
-def escape_label_value(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def format_value(value: float) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
-
-
-def _labels(labels: Mapping[str, str]) -> str:
-    if not labels:
-        return ""
-    for name in labels:
-        if not _LABEL_OK.match(name) or name.startswith("__"):
-            raise ValueError(f"invalid label name {name!r}")
-    return "{" + ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels.items()) + "}"
-
-
-def render(families: Sequence[Family]) -> str:
-    """Prometheus text format 0.0.4: per family `# HELP`, `# TYPE`, then its samples."""
-    lines: list[str] = []
-    seen: set[str] = set()
-    for fam in families:
-        if fam.name in seen:
-            raise ValueError(f"metric family {fam.name} rendered twice")
-        seen.add(fam.name)
-        lines.append(f"# HELP {fam.name} {escape_help(fam.help)}")
-        lines.append(f"# TYPE {fam.name} {fam.type}")
-        for suffix, labels, value in fam.samples:
-            lines.append(f"{fam.name}{suffix}{_labels(labels)} {format_value(value)}")
-    return "\n".join(lines) + "\n"
+def sample_names(families: Iterable[Metric]) -> set[str]:
+    """The names of the series these families export in the text format, whether or not they
+    have samples yet: a counter `N` exports `N_total`, a histogram `N_bucket`, `N_sum` and
+    `N_count`, a gauge `N` (the Grafana dashboard's test checks its queries against them)."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+    return {f.name + s for f in families for s in suffixes.get(f.type, ("",))}

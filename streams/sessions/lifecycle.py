@@ -82,7 +82,7 @@ last ``SEQ_WINDOW`` events it applied (``internal.seqPrints``: ``{str(seq): fing
 seq order, bounded; ``internal.seqFloor``: every applied seq ``>= seqFloor`` is in it), so:
 
 - same seq, same fingerprint: a redelivery (at-least-once after a crash). Skipped: ``step``
-  returns the *same* state object and no violations (``is_duplicate`` lets the caller count it).
+  returns the *same* state object and no violations (that is how the caller counts it).
   This makes reprocessing idempotent;
 - same seq, another fingerprint: ``session.seq_reused`` (a producer reused a seq for different
   content: dead-lettered, never silently dropped);
@@ -139,7 +139,6 @@ RULES: dict[str, str] = {
     "event.over_limit": "an event over an input limit or with an id against the id rules (MEMSTREAM_MAX_*)",
 }
 
-COMPACTION_TYPES = ("compaction/start", "compaction/summary", "compaction/end", "compaction/prune")
 TURN_START = "turn/start"
 TURN_END = "turn/end"
 #: written by the producer right after the history a resumed or forked session inherited: a
@@ -244,16 +243,6 @@ def seen_check(state: Mapping[str, Any], event: Mapping[str, Any]) -> tuple[str,
     return ("session.seq_unverifiable",
             f"seq {seq} is below lastSeq {last} and older than the remembered window (seqs >= {floor}); "
             "cannot tell a redelivery from a reused seq")
-
-
-def is_duplicate(state: Mapping[str, Any] | None, event: Mapping[str, Any]) -> bool:
-    """True when ``step`` would skip ``event`` as a redelivery of an already-applied seq."""
-    if state is None or not isinstance(event, Mapping):
-        return False
-    seq = event.get("seq")
-    if not _is_int(seq) or seq > state["record"]["lastSeq"] or event.get("sessionId") != state["record"]["sessionId"]:
-        return False
-    return seen_check(state, event) is None
 
 
 def _remember_seq(ctx: "_Ctx", state: Mapping[str, Any], event: Mapping[str, Any]) -> None:

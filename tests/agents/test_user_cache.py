@@ -21,16 +21,40 @@ from faust.types import TP
 from streams.contracts import catalog
 from streams.tools import generate
 from streams.agents import state_scan
-from streams.agents.user_cache import SweepSlices, UserCache, group_rows, load_user, may_expire, weight
-from streams.core import UserMemory, process_candidate, process_event
+from streams.agents.user_cache import (
+    DELETED_FP_KEY,
+    DELETED_ID_KEY,
+    PIN_KEY,
+    SEEN_CHUNK_KEY,
+    SIDE_PREFIXES,
+    SweepSlices,
+    UserCache,
+    chunk_rows,
+    group_rows,
+    load_user,
+    may_expire,
+    side_rows,
+    weight,
+)
+from streams.core import IndexConfig, UserMemory, process_candidate, process_event
 from streams.core.housekeeping import HousekeepingPolicy, sweep_memory
-from streams.core.state import SEEN_CHUNK_KEY, SIDE_PREFIXES
+from streams.core.limits import DEFAULT_LIMITS, id_problem
+
+from tests.core.test_determinism import _run, _stream
 
 MAX_IDS = 50  # a small de-duplication window: sealed chunks and dropped chunks happen
 
 
+def side_kwargs(side: dict[str, Any]) -> dict[str, Any]:
+    """`UserMemory.from_nodes`' keyword arguments of a user's side rows (`<rest>` -> row)."""
+    return {"deleted_node_ids": [k[len(DELETED_ID_KEY):] for k in side if k.startswith(DELETED_ID_KEY)],
+            "deleted_fingerprints": [k[len(DELETED_FP_KEY):] for k in side if k.startswith(DELETED_FP_KEY)],
+            "pins": {k[len(PIN_KEY):]: row for k, row in side.items() if k.startswith(PIN_KEY)}}
+
+
 def eager_rebuild(items) -> tuple[dict[str, UserMemory], dict[str, str], int]:
-    """The rebuild of every user from the whole table, as `MemoryStore._rebuild` did it."""
+    """The rebuild of every user from the whole table, as `MemoryStore._rebuild` did it (for
+    aux rows without a redo log: the tables it is compared on have none)."""
     by_user, chunks, side, aux, corrupt, foreign = defaultdict(list), defaultdict(dict), defaultdict(dict), {}, {}, 0
     for key, row in items:
         if row is None:
@@ -61,7 +85,7 @@ def eager_rebuild(items) -> tuple[dict[str, UserMemory], dict[str, str], int]:
             continue
         try:
             cache[u] = UserMemory.from_nodes(u, by_user.get(u, ()), aux.get(u), seen_chunks=chunks.get(u),
-                                             side_rows=side.get(u), dedup_max_ids=MAX_IDS)
+                                             dedup_max_ids=MAX_IDS, **side_kwargs(side.get(u, {})))
         except Exception as exc:  # noqa: BLE001
             corrupt[u] = type(exc).__name__
     return cache, corrupt, foreign
@@ -73,12 +97,7 @@ def write_rows(table: dict[str, Any], um: UserMemory, node_ids: list[str]) -> No
     for nid in node_ids:
         node = um.node(nid)
         table[f"{user}/{nid}"] = node
-    sealed, dropped = um.seen_changes()
-    for k, chunk in sealed.items():
-        table[f"{user}/{SEEN_CHUNK_KEY}{k}"] = chunk
-    for k in dropped:
-        table.pop(f"{user}/{SEEN_CHUNK_KEY}{k}", None)
-    for suffix, row in um.side_changes().items():
+    for suffix, row in {**chunk_rows(*um.seen_changes()), **side_rows(um.side_changes())}.items():
         if row is None:
             table.pop(f"{user}/{suffix}", None)
         else:
@@ -177,6 +196,52 @@ def test_the_redo_log_of_the_aux_row_comes_with_the_user():
     pending = {"n-1": {**NODE, "motebit_id": "u"}, "n-2": None}
     loaded = load_user("u", [("u", {**um.aux_record(compact=True), "pending": pending})], dedup_max_ids=MAX_IDS)
     assert loaded.redo == pending and [n["node_id"] for n in loaded.memory.nodes()] == ["n-1"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**9), st.integers(1, 60), st.data())
+def test_the_redo_log_completes_a_partly_written_batch(seed, n, data):
+    """`MemoryStore.stage` writes a batch's compact aux row (with `pending`: the batch's node
+    rows, de-duplication chunks and side rows) before those rows; a crash can leave any prefix
+    of them unwritten. Loading the user from the old rows + the new aux row gives the state
+    after the whole batch, and the redo log comes with it (rewritten by the next write)."""
+    cfg = IndexConfig(exact_scan_below=0)
+    ops, _ = _stream(seed, n)
+    cut = data.draw(st.integers(0, len(ops)))
+    um = UserMemory("u1", index_config=cfg, dedup_max_ids=data.draw(st.integers(5, 50)))
+    table: dict[str, Any] = {}  # the user's rows in the memory-state table
+
+    def staged(outs) -> dict:
+        """What `MemoryStore.stage` writes after these outcomes: last row per `<rest>`, None = delete."""
+        rows: dict = {}
+        for out in outs:
+            rows.update({node["node_id"]: node for node in out.node_upserts})
+            rows.update({node_id: None for node_id in out.node_deletions})
+            rows.update({**chunk_rows(*um.seen_changes()), **side_rows(um.side_changes())})
+        return rows
+
+    def write(rows: dict) -> None:
+        for rest, row in rows.items():
+            if row is None:
+                table.pop(f"u1/{rest}", None)
+            else:
+                table[f"u1/{rest}"] = row
+
+    write(staged(_run(um, ops[:cut])))  # an earlier batch, fully written
+    changes = staged(_run(um, ops[cut:]))  # this batch
+    table["u1"] = {**um.aux_record(compact=True), "pending": changes}  # the aux row first
+    write(dict(list(changes.items())[:data.draw(st.integers(0, len(changes)))]))  # the crash
+    loaded = load_user("u1", list(table.items()), dedup_max_ids=um.seen.max_ids, index_config=cfg)
+    assert loaded.corrupt is None and loaded.redo == changes
+    assert list(loaded.memory.nodes()) == list(um.nodes())
+    assert loaded.memory.aux_record() == um.aux_record()
+
+
+def test_no_id_can_name_an_internal_row():
+    """The layout relies on it: a node id (any id) never starts like a chunk or side row."""
+    for prefix in (SEEN_CHUNK_KEY, *SIDE_PREFIXES):
+        assert id_problem(prefix + "0", DEFAULT_LIMITS) is not None, prefix
+        assert id_problem(prefix.strip("/~") + "0", DEFAULT_LIMITS) is None  # the rule refuses the mark, not the word
 
 
 def test_load_user_refuses_rows_of_another_user():

@@ -20,15 +20,13 @@ from streams.analytics import (
     add,
     due,
     expire,
+    is_expired,
     is_idle,
     mark_published,
     new_state,
-    parse_record_key,
     partition_clock,
-    record_key,
     records_due,
     to_record,
-    watermarks,
     window_bounds,
     window_identity,
     windows_of,
@@ -47,7 +45,8 @@ def counts(state: dict, size: str) -> dict[int, dict[str, int]]:
 
 
 class Topic:
-    """A compacted topic keyed by record_key: the latest record of each window wins."""
+    """The latest record of each window (`window_identity`: what a consumer of the compacted topic
+    de-duplicates on) wins."""
 
     def __init__(self) -> None:
         self.latest: dict[str, dict] = {}
@@ -56,7 +55,7 @@ class Topic:
     def sweep(self, state: dict, clock_ms: int | None = None, policy: WindowPolicy = WindowPolicy()) -> list[dict]:
         pairs = records_due(state, policy=policy)
         for _, rec in pairs:
-            self.latest[record_key(rec["motebit_id"], rec)] = rec
+            self.latest[window_identity(rec)] = rec
             self.sent.append(rec)
         mark_published(state, [w for w, _ in pairs])
         return expire(state, clock_ms, policy=policy)
@@ -225,7 +224,7 @@ def test_expire_drops_only_published_expired_windows():
     # a late event for the dropped window is refused, never re-creates it with a partial count
     r = add(s, T0 + 1, {"formed": 1}, policy=policy)
     assert [x.window for x in r.too_late] == [MINUTE] and f"minute/{T0}" not in s["windows"]
-    assert topic.latest[f"u1/minute/{T0}"]["formed"] == 1
+    assert topic.latest[("u1", MINUTE, T0)]["formed"] == 1
     # the partition clock expires an idle subject's windows; the hour window got the late
     # event, so it is published (full count) before it is dropped
     assert [(w["window"], w["counters"]) for w in due(s)] == [(HOUR, {"formed": 3})]
@@ -236,17 +235,22 @@ def test_expire_drops_only_published_expired_windows():
     dropped = topic.sweep(s, policy=policy)
     assert [(w["window"], w["start"]) for w in dropped] == [(HOUR, T0)]
     assert is_idle(s) and s["clock"] == T0 + 3 * HOUR_MS and s["recent_ids"] == []
-    assert topic.latest[f"u1/hour/{T0}"]["formed"] == 3
+    assert topic.latest[("u1", HOUR, T0)]["formed"] == 3
     assert topic.total(MINUTE, "formed") == 2 and topic.total(HOUR, "formed") == 3
 
 
-def test_watermarks_and_partition_clock():
+def test_a_window_expires_once_its_end_is_at_the_watermark_and_partition_clock():
+    """Per size, the watermark is clock - lateness: a window ending at or before it is expired."""
     policy = WindowPolicy(minute_lateness_ms=5, hour_lateness_ms=7)
     s = new_state("a")
-    assert watermarks(s, policy=policy) == {MINUTE: None, HOUR: None}
+    assert s["clock"] is None and not is_expired(MINUTE, 0, s["clock"], policy)  # no clock yet
     add(s, 1000, {"formed": 1}, policy=policy)
-    assert watermarks(s, policy=policy) == {MINUTE: 995, HOUR: 993}
-    assert watermarks(s, 2000, policy=policy) == {MINUTE: 1995, HOUR: 1993}
+    assert s["clock"] == 1000
+    for size, length, watermark in ((MINUTE, MINUTE_MS, 995), (HOUR, HOUR_MS, 993)):
+        assert is_expired(size, watermark - length, s["clock"], policy)  # ends at the watermark
+        assert not is_expired(size, watermark + 1 - length, s["clock"], policy)  # one ms later: open
+        assert not is_expired(size, watermark + 1000 - length, s["clock"], policy)
+        assert is_expired(size, watermark + 1000 - length, 2000, policy)  # a later clock moves it
     b = new_state("b", clock_ms=5000)
     assert partition_clock([s, b, None, new_state("c")]) == 5000
     assert partition_clock([]) is None
@@ -310,17 +314,10 @@ def test_record_matches_the_schema_and_encodes():
     assert codec.decode(data) == rec
 
 
-def test_record_keys():
-    w = {"window": MINUTE, "start": T0, "end": T0 + MINUTE_MS}
-    assert record_key("u1", w) == f"u1/minute/{T0}"
+def test_window_identity():
     rec = {"motebit_id": "a/b", "window": HOUR, "window_start": T0}
-    assert record_key("a/b", rec) == f"a/b/hour/{T0}"
-    assert parse_record_key(f"a/b/hour/{T0}") == ("a/b", HOUR, T0)
-    assert parse_record_key(f"session:s1/minute/{T0}") == ("session:s1", MINUTE, T0)
     assert window_identity(rec) == ("a/b", HOUR, T0)
-    for bad in ("u1", "u1/day/5", "u1/hour/x"):
-        with pytest.raises(ValueError):
-            parse_record_key(bad)
+    assert window_identity({**rec, "window_start": float(T0)}) == ("a/b", HOUR, T0)
 
 
 # ---------------------------------------------------------------------------- determinism --

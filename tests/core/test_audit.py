@@ -12,7 +12,7 @@ from hypothesis import given, strategies as st
 from streams.core import UserMemory, process_event
 from streams.core.audit import audit_event, audit_turn, covered_by, detect_untagged_patterns
 from streams.core.ids import derive_id
-from streams.core.redaction import relay_view
+from streams.core.redaction import relay_events
 from streams.tools.generate import TURNS
 
 FORMAT = re.compile(r'^(preference|personal_fact|goal|correction): "([^"]*)"$')
@@ -153,7 +153,7 @@ def test_audit_event_shape_id_and_schema():
     # the core accepts it as a ledger event, and the relay never forwards it
     out = process_event(UserMemory("u1"), ev)
     assert out.applied and out.ledger[0]["event_type"] == "memory_audit"
-    assert relay_view(ev, "secret") is None
+    assert relay_events(ev, "secret") == []
 
 
 _pieces = list("abcdefghij IiMmYy'’\",.!?\n") + ["I like ", "my name is ", "actually, ", "I want to ", "you prefer ", "🎻"]

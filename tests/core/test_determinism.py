@@ -7,8 +7,8 @@ from pathlib import Path
 
 from hypothesis import given, settings, strategies as st
 
-from streams.core import IndexConfig, UserMemory, process_candidate, process_event, sweep
-from streams.core.state import SEEN_CHUNK_KEY, SIDE_PREFIXES
+from streams.core import IndexConfig, UserMemory, process_candidate, process_event, sweep_memory
+from streams.core.state import SideChanges
 
 from .factories import candidate, event, one_word_edit, sentence
 
@@ -109,51 +109,49 @@ def test_restart_from_durable_state_converges(seed, n, data):
     assert (list(steady.nodes()), steady.aux_record()["deleted_fingerprints"]) == snapshot
     # housekeeping is deterministic too
     s1, s2 = steady.clone(), steady.clone()
-    assert sweep(s1, end + 40 * 86_400_000) == sweep(s2, end + 40 * 86_400_000)
+    assert sweep_memory(s1, end + 40 * 86_400_000) == sweep_memory(s2, end + 40 * 86_400_000)
 
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 10**9), st.integers(1, 60), st.data())
-def test_the_redo_log_completes_a_partly_written_batch(seed, n, data):
-    """The shell writes a batch's compact aux record (with `pending`: the batch's node rows and
-    de-duplication chunks) before those rows; a crash can leave any prefix of them unwritten.
-    Rebuilding from the old rows + the new aux record gives the state after the whole batch."""
+def test_the_reported_changes_rebuild_the_state_from_a_compact_aux_record(seed, n, data):
+    """What the state reports after each batch — node upserts and deletions, the sealed and
+    dropped de-duplication chunks (`seen_changes`), the deleted ids, fingerprints and pins
+    (`side_changes`) — kept apart from the compact aux record, rebuild the same state,
+    whatever the batches. (How the shell stores them, and completes a partly written batch, is
+    tested with the shell: tests/test_user_cache.py.)"""
     cfg = IndexConfig(exact_scan_below=0)
     ops, _ = _stream(seed, n)
-    cut = data.draw(st.integers(0, len(ops)))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(ops)), max_size=4)))
     um = UserMemory("u1", index_config=cfg, dedup_max_ids=data.draw(st.integers(5, 50)))
-    durable: dict = {}  # what the table holds: node id / SEEN_CHUNK_KEY + k -> row
-
-    def staged(outs) -> dict:
-        """What the shell stages after these outcomes: last row per key, None = delete."""
-        rows: dict = {}
-        for out in outs:
-            rows.update({node["node_id"]: node for node in out.node_upserts})
-            rows.update({node_id: None for node_id in out.node_deletions})
-            sealed, dropped = um.seen_changes()
-            rows.update({f"{SEEN_CHUNK_KEY}{k}": chunk for k, chunk in sealed.items()})
-            rows.update({f"{SEEN_CHUNK_KEY}{k}": None for k in dropped})
-            rows.update(um.side_changes())  # deleted ids / fingerprints, pins: a row each
-        return rows
-
-    def apply(rows: dict) -> None:
-        for key, row in rows.items():
-            if row is None:
-                durable.pop(key, None)
+    nodes: dict = {}
+    chunks: dict = {}
+    deleted_ids: set = set()
+    deleted_fps: set = set()
+    pins: dict = {}
+    for start, stop in zip([0, *cuts], [*cuts, len(ops)]):
+        for out in _run(um, ops[start:stop]):
+            nodes.update({node["node_id"]: node for node in out.node_upserts})
+            for node_id in out.node_deletions:
+                nodes.pop(node_id, None)
+        sealed, dropped = um.seen_changes()
+        chunks.update(sealed)
+        for k in dropped:
+            chunks.pop(k, None)
+        side = um.side_changes()
+        deleted_ids.update(side.deleted_node_ids)
+        deleted_fps.update(side.deleted_fingerprints)
+        for node_id, pin in side.pins.items():
+            if pin is None:
+                pins.pop(node_id, None)
             else:
-                durable[key] = row
-
-    apply(staged(_run(um, ops[:cut])))  # an earlier batch, fully written
-    changes = staged(_run(um, ops[cut:]))  # this batch
-    aux = {**um.aux_record(compact=True), "pending": changes}
-    apply(dict(list(changes.items())[:data.draw(st.integers(0, len(changes)))]))  # the crash
-    nodes = [row for key, row in durable.items() if not key.startswith((SEEN_CHUNK_KEY, *SIDE_PREFIXES))]
-    chunks = {int(key[len(SEEN_CHUNK_KEY):]): row for key, row in durable.items() if key.startswith(SEEN_CHUNK_KEY)}
-    side = {key: row for key, row in durable.items() if key.startswith(SIDE_PREFIXES)}
-    rebuilt = UserMemory.from_nodes("u1", nodes, aux, index_config=cfg, seen_chunks=chunks, side_rows=side,
-                                    dedup_max_ids=um.seen.max_ids)
+                pins[node_id] = list(pin)  # as stored (JSON)
+    rebuilt = UserMemory.from_nodes("u1", nodes.values(), um.aux_record(compact=True), index_config=cfg,
+                                    seen_chunks=chunks, deleted_node_ids=deleted_ids, deleted_fingerprints=deleted_fps,
+                                    pins=pins, dedup_max_ids=um.seen.max_ids)
     assert list(rebuilt.nodes()) == list(um.nodes())
     assert rebuilt.aux_record() == um.aux_record()
+    assert um.aux_record(compact=True).keys().isdisjoint({"deleted_node_ids", "deleted_fingerprints", "pins"})
 
 
 _SCRIPT = """
@@ -195,19 +193,23 @@ def test_the_stored_aux_record_does_not_grow_with_deletions_or_pins(seed, n):
         um.set_pin(f"pinned-{i}", (i, i, f"e{i}", True))
     assert len(json.dumps(um.aux_record(compact=True))) <= base + 40  # the clock and stats only
     side = um.side_changes()
-    assert len(side) >= 600 and all(len(json.dumps(v)) < 200 for v in side.values())
+    assert {f"gone-{i}" for i in range(200)} <= set(side.deleted_node_ids)
+    assert {f"{i:064x}" for i in range(200)} <= set(side.deleted_fingerprints)
+    assert {f"pinned-{i}" for i in range(200)} <= set(side.pins) and side.pins["pinned-7"] == (7, 7, "e7", True)
     assert not um.side_changes()  # reported once
 
 
-def test_an_aux_record_of_the_earlier_layout_moves_into_side_rows():
+def test_an_aux_record_of_the_earlier_layout_reports_its_entries_to_keep_apart():
     """State written by the version that kept deleted ids, fingerprints and pins in the aux
-    record is read as is; the next write moves them into side rows."""
+    record is read as is; the next `side_changes` reports them, so the next write keeps them
+    apart from the aux record."""
     legacy = {"motebit_id": "u1", "deleted_node_ids": ["n1"], "deleted_fingerprints": ["f" * 64],
               "pins": {"n2": [5, 1, "e", True]}, "seen": {"tail": [], "first": 0}, "clock": 3,
               "last_event_key": None, "stats": {"late": 0}}
     um = UserMemory.from_nodes("u1", [], legacy)
     assert um.deleted_node_ids == {"n1"} and um.is_deleted_content("f" * 64) and um.pins["n2"][3] is True
     side = um.side_changes()
-    assert side == {"~del/n1": 1, f"~fp/{'f' * 64}": 1, "~pin/n2": [5, 1, "e", True]}
-    again = UserMemory.from_nodes("u1", [], um.aux_record(compact=True), side_rows=side)
+    assert side == SideChanges(["n1"], ["f" * 64], {"n2": (5, 1, "e", True)})
+    again = UserMemory.from_nodes("u1", [], um.aux_record(compact=True), deleted_node_ids=side.deleted_node_ids,
+                                  deleted_fingerprints=side.deleted_fingerprints, pins=side.pins)
     assert again.aux_record() == um.aux_record()

@@ -1,6 +1,6 @@
 from hypothesis import given, settings, strategies as st
 
-from streams.core import ReorderBuffer, UserMemory, event_sort_key, order_events, process_candidate, process_event
+from streams.core import UserMemory, event_sort_key, process_candidate, process_event
 
 from .factories import candidate, event, formed
 
@@ -158,7 +158,7 @@ def test_late_events_converge_to_the_in_order_state(mix, rnd):
     """Pins / accesses / deletions applied directly in ANY arrival order (late ones included)
     end in exactly the state of the (timestamp, version_clock) order."""
     formations, later = mix
-    in_order = _apply(order_events(formations + later))
+    in_order = _apply(sorted(formations + later, key=event_sort_key))
     tail = list(later)
     rnd.shuffle(tail)
     arrival = _apply(formations + tail)
@@ -169,10 +169,10 @@ def test_late_events_converge_to_the_in_order_state(mix, rnd):
 @given(event_mixes(), st.randoms())
 def test_deletions_overtaking_formations_still_win(mix, rnd):
     """Everything shuffled, formations included: an access or pin that arrives before its
-    node exists is ledger-only (that is what the reorder buffer is for), but which nodes
+    node exists is ledger-only, but which nodes
     exist and what is deleted — ids and content fingerprints — never depends on order."""
     formations, later = mix
-    in_order = _apply(order_events(formations + later))
+    in_order = _apply(sorted(formations + later, key=event_sort_key))
     arrival_events = formations + later
     rnd.shuffle(arrival_events)
     arrival = _apply(arrival_events)
@@ -183,25 +183,23 @@ def test_deletions_overtaking_formations_still_win(mix, rnd):
 
 @settings(max_examples=150, deadline=None)
 @given(event_mixes(), st.randoms())
-def test_reorder_buffer_then_core_equals_sorted_application(mix, rnd):
-    """Arbitrary disorder within the buffer's delay: released in (timestamp, version_clock)
-    order, so the resulting state equals applying the sorted stream."""
+def test_late_events_are_applied_flagged_and_counted_never_dropped(mix, rnd):
+    """Nothing holds events back to sort them: each is applied as it arrives. One whose
+    (timestamp, version_clock, event_id) is below an event already applied is late: applied
+    all the same (it leads its own ledger), flagged on its Outcome and counted in the state."""
     formations, later = mix
-    events = formations + later
-    in_order = UserMemory("u1")
-    for e in order_events(events):
-        process_event(in_order, e)
-    arrival = list(events)
-    rnd.shuffle(arrival)
-    buf = ReorderBuffer(max_delay_ms=10_000)
+    tail = list(later)
+    rnd.shuffle(tail)
     um = UserMemory("u1")
-    applied = []
-    for e in arrival:
-        for r in buf.push(e):
-            applied.append(r)
-            process_event(um, r)
-    for r in buf.flush():
-        applied.append(r)
-        process_event(um, r)
-    assert [event_sort_key(e) for e in applied] == sorted(event_sort_key(e) for e in events)
-    assert _state(um) == _state(in_order)
+    newest, late = None, []
+    for e in formations + tail:
+        out = process_event(um, e)
+        assert not out.duplicate and not out.rejections
+        assert out.ledger[0]["event_id"] == e["event_id"]  # applied, not dropped
+        is_late = newest is not None and event_sort_key(e) < newest
+        assert out.late is is_late
+        if is_late:
+            late.append(e["event_id"])
+        newest = max(newest or event_sort_key(e), event_sort_key(e))
+    assert um.stats["late"] == len(late)
+    assert um.last_event_key == max(event_sort_key(e) for e in formations + later)

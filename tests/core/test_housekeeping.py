@@ -7,22 +7,18 @@ from pathlib import Path
 import pytest
 from fastavro import parse_schema, schemaless_writer
 from fastavro.validation import validate
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from streams.core import UserMemory, process_candidate, process_event
 from streams.core.housekeeping import (
     REASON_DECAYED,
     REASON_RETENTION,
     HousekeepingPolicy,
-    RetentionPolicy,
-    apply_access,
-    apply_pin,
-    apply_pin_event,
     deletion_event,
     half_life_for,
     is_cold,
     prune_reason,
-    sweep,
+    select_expired,
     sweep_memory,
 )
 from streams.core.ids import derive_id
@@ -40,6 +36,17 @@ def _node(**kw):
     extra = {k: kw.pop(k) for k in ("pinned", "last_accessed_at", "access_count", "updated_at", "superseded_by") if k in kw}
     base.update(kw)
     return {**make_node(**base), **extra}
+
+
+def _accessed(node, times):
+    """``node`` after one ``memory_accessed`` per time, delivered in that order (the event
+    processor's rule: the one the memory agent applies)."""
+    um = UserMemory(node["motebit_id"])
+    um.put_node(node)
+    for i, t in enumerate(times):
+        out = process_event(um, event("memory_accessed", {"node_id": node["node_id"]}, timestamp=t, event_id=f"acc-{i}"))
+        assert out.applied
+    return um.node(node["node_id"])
 
 
 # ----------------------------------------------------------------------------- decay ----
@@ -80,7 +87,7 @@ def test_decay_threshold_is_policy():
 
 def test_access_keeps_a_node_from_decaying():
     n = _node(confidence=0.8, half_life_ms=10 * DAY_MS)
-    accessed = apply_access(n, 10 * DAY_MS)
+    accessed = _accessed(n, [10 * DAY_MS])
     assert prune_reason(accessed, 10 * DAY_MS) is None
     assert prune_reason(accessed, 20 * DAY_MS) == REASON_DECAYED
 
@@ -131,7 +138,6 @@ def test_retention_table_overlays_the_defaults_and_rejects_unknown_levels():
     assert prune_reason(_node(sensitivity="personal", last_accessed_at=10**13), 10**13, p) is None
     with pytest.raises(ValueError):
         HousekeepingPolicy(retention_ms={"classified": 1})
-    assert RetentionPolicy is HousekeepingPolicy
 
 
 @given(
@@ -145,7 +151,7 @@ def test_pinned_nodes_survive_any_age_and_any_decay(level, confidence, age, clos
     n = _node(sensitivity=level, confidence=confidence, memory_type=memory_type, pinned=True,
               valid_until=1 if closed else None)
     assert prune_reason(n, age) is None
-    assert sweep([n], age) == []
+    assert select_expired([n], age) == []
 
 
 # ----------------------------------------------------------------------------- sweep ----
@@ -158,7 +164,7 @@ def test_sweep_over_node_records_lists_reasons_in_node_order():
         _node(node_id="b", pinned=True, sensitivity="secret", confidence=0.0),  # exempt
         _node(node_id="d", sensitivity="none", last_accessed_at=91 * DAY_MS),  # fresh
     ]
-    assert sweep(nodes, 91 * DAY_MS) == [("a", REASON_DECAYED), ("c", REASON_RETENTION)]
+    assert select_expired(nodes, 91 * DAY_MS) == [("a", REASON_DECAYED), ("c", REASON_RETENTION)]
 
 
 def _memory_with_nodes():
@@ -181,8 +187,7 @@ def test_sweep_memory_erases_and_emits_deterministic_deletions():
     assert [e["event_type"] for e in out.ledger] == ["memory_deleted"]
     assert out.ledger[0]["payload"] == {"node_id": episodic}
     assert episodic in um.deleted_node_ids and um.node(episodic) is None
-    # the legacy polymorphic entry point is the same thing
-    out2 = sweep(um, t0 + 91 * DAY_MS)  # medical: retention; violin (1.0, 30 d) decayed to 0.12
+    out2 = sweep_memory(um, t0 + 91 * DAY_MS)  # medical: retention; violin (1.0, 30 d) decayed to 0.12
     assert sorted(out2.node_deletions) == sorted([medical, violin])
 
 
@@ -223,11 +228,7 @@ def test_access_is_order_insensitive(times, rnd):
     n = _node()
     shuffled = list(times)
     rnd.shuffle(shuffled)
-    a, b = n, n
-    for t in times:
-        a = apply_access(a, t)
-    for t in shuffled:
-        b = apply_access(b, t)
+    a, b = _accessed(n, times), _accessed(n, shuffled)
     assert a == b
     assert a["last_accessed_at"] == max(times) and a["access_count"] == len(times)
     assert n["access_count"] == 0 and n["last_accessed_at"] is None  # input untouched
@@ -237,7 +238,7 @@ def test_cold_after_boundary():
     n = _node(created_at=100)
     assert not is_cold(n, 100 + 30 * DAY_MS)  # default 30 d, exactly at the boundary: live
     assert is_cold(n, 100 + 30 * DAY_MS + 1)
-    warm = apply_access(n, 100 + 30 * DAY_MS)
+    warm = _accessed(n, [100 + 30 * DAY_MS])
     assert not is_cold(warm, 100 + 30 * DAY_MS + 1)
     assert is_cold(warm, 200 + 30 * DAY_MS, cold_after_ms=50)
 
@@ -250,6 +251,10 @@ pins = st.lists(
 )
 
 
+def _pin(pinned, ts, vc):
+    return event("memory_pinned", {"node_id": "n1", "pinned": pinned}, timestamp=ts, version_clock=vc, event_id=f"e{ts}-{vc}")
+
+
 @given(pins, st.randoms(), st.integers(0, 10))
 def test_latest_pin_wins_regardless_of_arrival_order(pin_list, rnd, form_at):
     """Pins arrive shuffled; the node may form in the middle of them (a pin overtaking its
@@ -257,52 +262,40 @@ def test_latest_pin_wins_regardless_of_arrival_order(pin_list, rnd, form_at):
     (timestamp, version_clock)."""
     arrivals = list(pin_list)
     rnd.shuffle(arrivals)
-    node, kept = None, None
+    um = UserMemory("u1")
     for i, (ts, vc, pinned) in enumerate(arrivals):
         if i == form_at:
-            node = _node()
-            if kept is not None:
-                node = {**node, "pinned": kept[3]}
-        node, kept = apply_pin(node, pinned, ts, vc, f"e{ts}-{vc}", current=kept)
-    if node is None:
-        node = {**_node(), "pinned": kept[3]}
-    expected = max(pin_list, key=lambda p: (p[0], p[1]))[2]
-    assert node["pinned"] is expected and kept[3] is expected
+            process_event(um, formed("n1", "User likes tea"))
+        process_event(um, _pin(pinned, ts, vc))
+    if um.node("n1") is None:
+        process_event(um, formed("n1", "User likes tea"))
+    top = max(pin_list, key=lambda p: (p[0], p[1]))
+    assert um.node("n1")["pinned"] is top[2]
+    assert um.pins["n1"] == (top[0], top[1], f"e{top[0]}-{top[1]}", top[2])
 
 
-def test_apply_pin_keeps_the_ordering_key_and_ignores_older_pins():
-    n = _node()
-    n1, k1 = apply_pin(n, True, 200, 1, "a")
-    assert n1["pinned"] is True and k1 == (200, 1, "a", True)
-    n2, k2 = apply_pin(n1, False, 100, 9, "b", current=k1)  # older timestamp: loses
-    assert n2["pinned"] is True and k2 == k1
-    n3, k3 = apply_pin(n2, False, 200, 2, "c", current=k2)  # same ts, higher clock: wins
-    assert n3["pinned"] is False and k3 == (200, 2, "c", False)
-    assert n["pinned"] is False  # never in place
+def test_a_pin_keeps_its_ordering_key_and_older_pins_lose():
+    um = UserMemory("u1")
+    process_event(um, formed("n1", "User likes tea", timestamp=10, version_clock=0))
+    before = um.node("n1")
+    out = process_event(um, _pin(True, 200, 1))
+    assert out.node_upserts[0]["pinned"] is True and um.pins["n1"] == (200, 1, "e200-1", True)
+    out = process_event(um, _pin(False, 100, 9))  # older timestamp: loses
+    assert not out.node_upserts and um.node("n1")["pinned"] is True and um.pins["n1"] == (200, 1, "e200-1", True)
+    out = process_event(um, _pin(False, 200, 2))  # same ts, higher clock: wins
+    assert out.node_upserts[0]["pinned"] is False and um.pins["n1"] == (200, 2, "e200-2", False)
+    assert before["pinned"] is False and before is not um.node("n1")  # never in place
 
 
 def test_pinning_a_deleted_node_is_a_no_op():
-    assert apply_pin(None, True, 10, 1, "e", deleted=True) == (None, None)
-    assert apply_pin(_node(), True, 10, 1, "e", current=(5, 0, "x", False), deleted=True) == (None, None)
-    # and the core agrees: a pin after a deletion leaves nothing behind
     um = UserMemory("u1")
     process_event(um, formed("n1", "User likes tea"))
-    process_event(um, event("memory_deleted", {"node_id": "n1"}))
+    process_event(um, _pin(False, 5, 0))  # a pin kept for the node ...
+    process_event(um, event("memory_deleted", {"node_id": "n1"}))  # ... goes with it
+    assert "n1" not in um.pins
     out = process_event(um, event("memory_pinned", {"node_id": "n1", "pinned": True}))
-    assert not out.node_upserts and "n1" not in um.pins and um.node("n1") is None
-
-
-@settings(max_examples=60, deadline=None)
-@given(pins, st.randoms())
-def test_apply_pin_agrees_with_the_event_processor(pin_list, rnd):
-    arrivals = list(pin_list)
-    rnd.shuffle(arrivals)
-    um = UserMemory("u1")
-    process_event(um, formed("n1", "User likes tea", timestamp=0, version_clock=0))
-    node, kept = um.node("n1"), None
-    for i, (ts, vc, pinned) in enumerate(arrivals):
-        ev = event("memory_pinned", {"node_id": "n1", "pinned": pinned}, timestamp=ts + 1, version_clock=vc, event_id=f"p{i}")
-        process_event(um, ev)
-        node, kept = apply_pin_event(node, ev, current=kept)
-    assert node["pinned"] == um.node("n1")["pinned"]
-    assert kept == um.pins["n1"]
+    assert out.applied and not out.node_upserts and "n1" not in um.pins and um.node("n1") is None
+    # also for a node id deleted before it ever formed
+    process_event(um, event("memory_deleted", {"node_id": "n2"}))
+    out = process_event(um, event("memory_pinned", {"node_id": "n2", "pinned": True}))
+    assert not out.node_upserts and "n2" not in um.pins

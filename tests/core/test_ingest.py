@@ -1,12 +1,9 @@
 import pytest
-from hypothesis import given, settings, strategies as st
 
 from streams.core import (
     DedupWindow,
-    ReorderBuffer,
     UserMemory,
     event_sort_key,
-    order_events,
     process_candidate,
     process_event,
     validate_candidate,
@@ -193,46 +190,8 @@ def test_sort_key():
     a = event("memory_accessed", {"node_id": "n"}, timestamp=5, version_clock=2, event_id="b")
     b = event("memory_accessed", {"node_id": "n"}, timestamp=5, version_clock=1, event_id="z")
     c = event("memory_accessed", {"node_id": "n"}, timestamp=4, version_clock=9, event_id="a")
-    assert [e["event_id"] for e in order_events([a, b, c])] == ["a", "z", "b"]
+    assert [e["event_id"] for e in sorted([a, b, c], key=event_sort_key)] == ["a", "z", "b"]
     assert event_sort_key(a) == (5, 2, "b")
-
-
-@settings(max_examples=200)
-@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 3)), min_size=1, max_size=40, unique=True), st.randoms())
-def test_reorder_buffer_releases_in_key_order_when_within_delay(keys, rnd):
-    events = [event("memory_accessed", {"node_id": "n"}, timestamp=t, version_clock=v, event_id=f"e{t}-{v}") for t, v in keys]
-    arrival = list(events)
-    rnd.shuffle(arrival)
-    buf = ReorderBuffer(max_delay_ms=1000)  # larger than any disorder: nothing is late
-    out = []
-    for e in arrival:
-        out.extend(buf.push(e))
-    out.extend(buf.flush())
-    assert [event_sort_key(e) for e in out] == sorted(event_sort_key(e) for e in events)
-    assert buf.late == 0
-
-
-@settings(max_examples=200)
-@given(st.lists(st.integers(0, 100), min_size=1, max_size=40), st.integers(0, 30))
-def test_reorder_buffer_never_drops_and_flags_late(timestamps, delay):
-    events = [event("memory_accessed", {"node_id": "n"}, timestamp=t, version_clock=i, event_id=f"e{i}") for i, t in enumerate(timestamps)]
-    buf = ReorderBuffer(max_delay_ms=delay, max_pending=8)
-    out, on_time, late_ids = [], [], set()
-    for e in events:
-        if buf.is_late(e):
-            late_ids.add(e["event_id"])
-        released = buf.push(e)
-        out.extend(released)
-        on_time.extend(x for x in released if x["event_id"] not in late_ids)
-    rest = buf.flush()
-    out.extend(rest)
-    on_time.extend(rest)
-    assert sorted(e["event_id"] for e in out) == sorted(e["event_id"] for e in events)  # nothing lost
-    assert buf.late == len(late_ids)
-    keys = [event_sort_key(e) for e in on_time]
-    assert keys == sorted(keys)  # everything not late is released in (timestamp, clock) order
-    if delay >= max(timestamps) - min(timestamps) and len(events) <= 8:
-        assert not late_ids
 
 
 def test_event_times_outside_2000_to_record_time_plus_skew_are_rejected():

@@ -14,7 +14,6 @@ from streams.core import UserMemory, process_candidate, process_event
 from streams.core.ingest import validate_candidate, validate_event, validate_turn
 from streams.core.limits import ID_CHARSET, QUOTE_CHARS, Limits, check_id, is_valid_id, quote, setting_name
 from streams.core.negotiator import handle_request, validate_request
-from streams.core.state import SEEN_CHUNK_KEY
 from streams.graphs import state as graph_state
 from streams.sessions import lifecycle
 from streams.settings import Settings
@@ -123,7 +122,7 @@ def test_event_content_and_ids():
     _, rej = validate_event(formed("n1", "x" * 11), lim)
     rejected(rej, "limit.content_bytes", "MEMSTREAM_MAX_CONTENT_BYTES is 10")
     for bad in (formed("a/b", "hello"), formed("n1", "hello", event_id="e/1"), formed("n1", "hello", motebit_id="u/1"),
-                formed("n1", "hello", device_id="d 1"), formed(SEEN_CHUNK_KEY + "0", "hello")):
+                formed("n1", "hello", device_id="d 1"), formed("~n1", "hello")):
         _, rej = validate_event(bad)
         rejected(rej, "invalid_id")
     for et, payload in (("memory_accessed", {"node_id": "x" * 129}), ("memory_deleted", {"node_id": "x" * 129}),

@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from streams.core import RetentionPolicy, UserMemory, as_of, decayed_confidence, event_id_for, process_candidate, process_event, sweep, valid_at
+from streams.core import HousekeepingPolicy, UserMemory, as_of, decayed_confidence, event_id_for, process_candidate, process_event, sweep_memory, valid_at
 from streams.core.nodes import DAY_MS, complete_node, content_fingerprint, make_node
 
 from .factories import candidate, event
@@ -57,20 +57,20 @@ def test_sweep_decay_retention_and_pinning():
     pinned = process_candidate(um, candidate("went to the zoo yesterday", timestamp=t0, memory_type="episodic", sensitivity="financial")).node_upserts[0]["node_id"]
     process_event(um, event("memory_pinned", {"node_id": pinned, "pinned": True}, timestamp=t0 + 1))
     # after 2 days: the episodic memory (3 d half-life, 0.7) decays to 0.44 < 0.5
-    out = sweep(um, t0 + 2 * DAY_MS)
+    out = sweep_memory(um, t0 + 2 * DAY_MS)
     assert out.node_deletions == [episodic]
     assert out.ledger[0]["event_type"] == "memory_deleted" and out.ledger[0]["payload"] == {"node_id": episodic}
     assert out.ledger[0]["event_id"] == event_id_for("u1", episodic, "memory_deleted")
     assert um.node(episodic) is None and episodic in um.deleted_node_ids
     # after 91 days: medical retention (90 d) passed, even at confidence 1.0; semantic 0.7 decayed too
-    out = sweep(um, t0 + 91 * DAY_MS)
+    out = sweep_memory(um, t0 + 91 * DAY_MS)
     assert sorted(out.node_deletions) == sorted([fresh_, medical])
     assert pinned in um.live  # pinned: exempt from decay and retention
-    assert sweep(um, t0 + 1000 * DAY_MS).node_deletions == []
+    assert sweep_memory(um, t0 + 1000 * DAY_MS).node_deletions == []
 
 
 def test_retention_policy_is_configurable():
     um = UserMemory("u1")
     nid = process_candidate(um, candidate("User likes tea", timestamp=0, sensitivity="none", confidence=1.0)).node_upserts[0]["node_id"]
-    policy = RetentionPolicy(prune_below=0.0, retention_ms={"none": 1})
-    assert sweep(um, 2, policy).node_deletions == [nid]
+    policy = HousekeepingPolicy(prune_below=0.0, retention_ms={"none": 1})
+    assert sweep_memory(um, 2, policy).node_deletions == [nid]

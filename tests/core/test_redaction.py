@@ -11,11 +11,8 @@ from hypothesis import given, settings, strategies as st
 from streams.core import UserMemory, process_event
 from streams.core.nodes import content_fingerprint
 from streams.core.redaction import (
-    RelayPolicy,
-    deleted_after,
     passes,
     relay_events,
-    relay_view,
     threshold_for,
     tombstone_for,
 )
@@ -36,7 +33,7 @@ def _formed(node_id="n1", content="User likes tea", sensitivity="personal", **pa
 
 def test_default_threshold_passes_none_and_personal_only():
     for lvl in LEVELS:
-        out = relay_view(_formed(content=f"c-{lvl}", sensitivity=lvl))
+        [out] = relay_events(_formed(content=f"c-{lvl}", sensitivity=lvl))
         if lvl in ("none", "personal"):
             assert out["payload"]["content"] == f"c-{lvl}" and out["payload"]["redacted"] is None
         else:
@@ -49,7 +46,7 @@ def test_default_threshold_passes_none_and_personal_only():
 @pytest.mark.parametrize("threshold", LEVELS)
 @pytest.mark.parametrize("level", LEVELS)
 def test_content_passes_iff_not_above_threshold(threshold, level):
-    out = relay_view(_formed(content="payload text", sensitivity=level), threshold)
+    [out] = relay_events(_formed(content="payload text", sensitivity=level), threshold)
     assert (out["payload"]["content"] == "payload text") == (RANK[level] <= RANK[threshold])
     assert passes(level, threshold) == (RANK[level] <= RANK[threshold])
 
@@ -58,11 +55,11 @@ def test_content_passes_iff_not_above_threshold(threshold, level):
 def test_missing_or_unknown_sensitivity_never_passes_content(bad):
     ev = _formed(content="my blood type is 0-")
     ev["payload"]["sensitivity"] = bad
-    out = relay_view(ev, "secret")  # even under the most permissive threshold
+    [out] = relay_events(ev, "secret")  # even under the most permissive threshold
     assert out["payload"]["content"] == "[REDACTED]" and out["payload"]["redacted"] is True
     assert out["payload"]["sensitivity"] == "secret" and validate(out, SCHEMA, strict=True)
     del ev["payload"]["sensitivity"]
-    assert relay_view(ev, "secret")["payload"]["content"] == "[REDACTED]"
+    assert relay_events(ev, "secret")[0]["payload"]["content"] == "[REDACTED]"
     assert not passes(bad, "secret")
 
 
@@ -74,16 +71,13 @@ def test_threshold_for_overrides_and_fails_closed():
     assert threshold_for("bob", overrides) == "none"  # an invalid override never widens
     assert threshold_for("carol", overrides) == "none"
     assert threshold_for("dave", None, "nonsense") == "none"
-    p = RelayPolicy(overrides={"alice": "secret"})
-    assert p.threshold_for("alice") == "secret" and p.threshold_for("x") == "personal"
-    assert p.with_override("alice", None).threshold_for("alice") == "personal"
-    assert p.with_override("x", "none").threshold_for("x") == "none" and p.threshold_for("x") == "personal"
-    assert "memory_audit" in RelayPolicy(local_only=frozenset({"memory_accessed"})).local_only
+    assert threshold_for("alice", {"alice": "secret"}) == "secret"
+    assert threshold_for("alice", {}) == "personal"  # no override (or a removed one): the default
 
 
 def test_invalid_threshold_argument_reads_as_none():
-    assert relay_view(_formed(sensitivity="personal"), "everything")["payload"]["content"] == "[REDACTED]"
-    assert relay_view(_formed(sensitivity="none"), "everything")["payload"]["content"] == "User likes tea"
+    assert relay_events(_formed(sensitivity="personal"), "everything")[0]["payload"]["content"] == "[REDACTED]"
+    assert relay_events(_formed(sensitivity="none"), "everything")[0]["payload"]["content"] == "User likes tea"
 
 
 # ---------------------------------------------------------------------------- deletion ----
@@ -96,7 +90,6 @@ def test_deletion_forwards_the_deletion_and_a_tombstone():
     assert tomb["event_type"] == "memory_formed" and tomb["timestamp"] == 500 and tomb["version_clock"] == 9
     assert tomb["payload"]["content"] == "[REDACTED]" and tomb["payload"]["redacted"] is True
     assert tomb["payload"]["redacted_reason"] == "deleted" and tomb["payload"]["node_id"] == "n1"
-    assert relay_view(ev) == deletion
     # deterministic id: same for a replay, different per node and per user
     assert tomb["event_id"] == tombstone_for("n1", "u1", {**ev, "timestamp": 999})["event_id"]
     assert tomb["event_id"] != tombstone_for("n2", "u1", ev)["event_id"] != tombstone_for("n1", "u2", ev)["event_id"]
@@ -113,24 +106,26 @@ def test_a_receiving_core_erases_on_the_tombstone_and_never_reforms():
 
 def test_formed_of_an_already_deleted_node_carries_no_content():
     ev = _formed(content="User lives at 1 Main St", sensitivity="none")
-    out = relay_view(ev, "secret", {"n1"})
+    [out] = relay_events(ev, "secret", {"n1"})
     assert out["payload"]["content"] == "[REDACTED]" and out["payload"]["redacted_reason"] == "deleted"
     assert out["event_id"] == tombstone_for("n1", "u1", ev)["event_id"]  # peers de-duplicate it
-    by_fp = relay_view(_formed(node_id="n7", content="user lives at 1 main st!", sensitivity="none"), "secret",
-                       deleted_fingerprints={content_fingerprint("User lives at 1 Main St")})
+    [by_fp] = relay_events(_formed(node_id="n7", content="user lives at 1 main st!", sensitivity="none"), "secret",
+                           deleted_fingerprints={content_fingerprint("User lives at 1 Main St")})
     assert by_fp["payload"]["content"] == "[REDACTED]" and by_fp["payload"]["redacted_reason"] == "deleted"
 
 
 def test_an_incoming_tombstone_is_forwarded_without_whatever_content_it_holds():
     ev = _formed(content="leaked text", sensitivity="none", redacted=True, redacted_reason="deleted")
-    out = relay_view(ev, "secret")
+    [out] = relay_events(ev, "secret")
     assert out["payload"]["content"] == "[REDACTED]" and out["payload"]["redacted_reason"] == "deleted"
-    assert deleted_after(ev, set()) == {"n1"}
+    um = UserMemory("u1")  # and the user's state (whose deleted ids the relay reads) remembers the id
+    process_event(um, ev)
+    assert um.deleted_node_ids == {"n1"}
 
 
 def test_an_already_redacted_copy_stays_redacted():
     ev = _formed(content="not really redacted", sensitivity="none", redacted=True, redacted_sensitivity="medical")
-    out = relay_view(ev, "secret")
+    [out] = relay_events(ev, "secret")
     assert out["payload"]["content"] == "[REDACTED]" and out["payload"]["redacted_sensitivity"] == "medical"
 
 
@@ -143,10 +138,11 @@ def test_free_text_reasons_are_blanked_and_audits_dropped():
     p = event("memory_promoted", {"node_id": "n1", "from_confidence": 0.9, "to_confidence": 1.0,
                                    "reinforcement_count": 3, "reason": "User has HIV, said 3 times"})
     a = event("memory_audit", {"missed_patterns": ['personal_fact: "I have HIV"'], "turn_message": "I have HIV"})
-    assert relay_view(c)["payload"]["reason"] == "" and relay_view(c)["payload"]["action"] == "merge"
-    assert relay_view(p)["payload"] == {"node_id": "n1", "from_confidence": 0.9, "to_confidence": 1.0,
-                                        "reinforcement_count": 3, "reason": ""}
-    assert relay_view(a, "secret") is None and relay_events(a, "secret") == []
+    [relayed_c], [relayed_p] = relay_events(c), relay_events(p)
+    assert relayed_c["payload"]["reason"] == "" and relayed_c["payload"]["action"] == "merge"
+    assert relayed_p["payload"] == {"node_id": "n1", "from_confidence": 0.9, "to_confidence": 1.0,
+                                    "reinforcement_count": 3, "reason": ""}
+    assert relay_events(a, "secret") == []
     assert c["payload"]["reason"] and p["payload"]["reason"]  # inputs untouched
 
 
@@ -154,17 +150,19 @@ def test_ids_only_events_pass_and_unknown_types_and_local_only_are_dropped():
     for et, payload in [("memory_accessed", {"node_id": "n1"}), ("memory_pinned", {"node_id": "n1", "pinned": True}),
                         ("memory_decayed", {})]:
         ev = event(et, {**payload, "smuggled": "User has HIV"})
-        out = relay_view(ev)
+        [out] = relay_events(ev)
         assert out["payload"] == payload and out["event_type"] == et and validate(out, SCHEMA, strict=True)
-    assert relay_view(event("memory_exploded", {"node_id": "n1"})) is None
-    assert relay_view(event("memory_accessed", {"node_id": "n1"}), local_only={"memory_accessed"}) is None
+    assert relay_events(event("memory_exploded", {"node_id": "n1"})) == []
+    assert relay_events(event("memory_accessed", {"node_id": "n1"}), local_only={"memory_accessed"}) == []
+    audit = event("memory_audit", {"missed_patterns": [], "turn_message": "I have HIV"})
+    assert relay_events(audit, "secret", local_only={"memory_accessed"}) == []  # audits are local-only whatever the set
 
 
 def test_extra_payload_and_envelope_keys_never_reach_the_relay():
     ev = _formed(sensitivity="medical")
     ev["payload"]["original_content"] = "User has asthma"
     ev["debug"] = "User has asthma"
-    out = relay_view(ev)
+    [out] = relay_events(ev)
     assert "User has asthma" not in json.dumps(out) and set(out) == {
         "event_id", "motebit_id", "device_id", "timestamp", "version_clock", "event_type", "payload"}
 
@@ -221,6 +219,7 @@ def streams(draw):
 @given(streams())
 def test_relay_never_leaks_content_above_threshold_of_deleted_nodes_or_audits(stream):
     overrides, default, evs = stream
+    states = {u: UserMemory(u) for u in USERS}  # whose deleted ids the memory agent relays with
     deleted = {u: set() for u in USERS}
     for ev in evs:
         user, p = ev["motebit_id"], ev["payload"]
@@ -255,4 +254,5 @@ def test_relay_never_leaks_content_above_threshold_of_deleted_nodes_or_audits(st
             assert [o["event_type"] for o in outs] == ["memory_deleted", "memory_formed"]
         if ev["event_type"] == "memory_formed" and node_deleted:
             assert outs[0]["payload"]["redacted_reason"] == "deleted"
-        deleted[user] = deleted_after(ev, deleted[user])
+        process_event(states[user], ev)
+        deleted[user] = set(states[user].deleted_node_ids)

@@ -9,7 +9,7 @@ import pytest
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.validation import validate
 
-from streams.core import UserMemory, process_candidate, process_event, sweep
+from streams.core import UserMemory, process_candidate, process_event, sweep_memory
 
 from .factories import candidate, event, formed
 
@@ -48,7 +48,7 @@ def _exercise():
     outs.append(process_event(um, event("memory_promoted", {"node_id": "n1", "from_confidence": 0.5, "to_confidence": 1.0, "reinforcement_count": 3, "reason": "x"})))
     outs.append(process_event(um, event("memory_decayed", {})))
     outs.append(process_event(um, event("memory_deleted", {"node_id": "n1"})))
-    outs.append(sweep(um, 10**13))
+    outs.append(sweep_memory(um, 10**13))
     return outs
 
 

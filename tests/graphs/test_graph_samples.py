@@ -4,7 +4,7 @@ import os
 
 from streams.graphs import samples, state as graph_state
 from streams.graphs.paths import ParseError, graph_events_hash, parse_line
-from streams.graphs.shipper_state import list_event_files, read_new_lines
+from streams.graphs.shipper_state import list_event_files, poll_file
 
 
 def test_runs_are_deterministic():
@@ -53,7 +53,7 @@ def test_write_run_files_names_files_by_graph_hash(tmp_path):
     assert sorted(paths.values()) == list_event_files(tmp_path)
     for r in runs:
         assert os.path.basename(paths[r.graph_id]) == f"graph-events-{graph_events_hash(r.graph_id)}.ndjson"
-        lines, _ = read_new_lines(paths[r.graph_id], 0)
+        lines = poll_file(paths[r.graph_id], None).lines
         parsed = [parse_line(ln.data) for ln in lines]
         good = [p for p in parsed if not isinstance(p, ParseError)]
         assert good == r.events
@@ -61,7 +61,7 @@ def test_write_run_files_names_files_by_graph_hash(tmp_path):
         for e in good:
             st = graph_state.apply(st, e, 60_000)
         assert graph_state.to_record(st)["phase"] == "complete" or r.expected["phase"] == "executing"
-    first_lines, _ = read_new_lines(paths[runs[0].graph_id], 0)
+    first_lines = poll_file(paths[runs[0].graph_id], None).lines
     assert sum(isinstance(parse_line(ln.data), ParseError) for ln in first_lines) == len(bad)
 
 

@@ -13,16 +13,18 @@ from streams.graphs.shipper_state import (
     OffsetsFileError,
     Position,
     line_id,
-    lines_text,
     list_event_files,
     load_offsets,
     poll_file,
     position_from_record,
     position_key,
     position_record,
-    read_new_lines,
 )
 from streams.graphs.state import apply, to_record
+
+
+def lines_text(lines):
+    return [ln.data.decode("utf-8", "replace") for ln in lines]
 
 
 def write(path, data, mode="ab"):
@@ -33,39 +35,38 @@ def write(path, data, mode="ab"):
 def test_half_written_line_is_withheld_until_complete(tmp_path):
     p = tmp_path / "graph-events-aaaaaaaaaaaa.ndjson"
     write(p, '{"a":1}\n{"b":')
-    lines, off = read_new_lines(p, 0)
-    assert lines_text(lines) == ['{"a":1}']
+    b1 = poll_file(p, None)
+    assert lines_text(b1.lines) == ['{"a":1}']
+    off = b1.end_offset
     assert off == len('{"a":1}\n')
-    lines2, off2 = read_new_lines(p, off)
-    assert lines2 == [] and off2 == off  # still half-written: nothing shipped, offset unchanged
+    b2 = poll_file(p, b1.position)
+    assert b2.lines == [] and b2.position == b1.position  # still half-written: nothing shipped, offset unchanged
     write(p, '2}\n{"c":3}\n')
-    lines3, off3 = read_new_lines(p, off2)
-    assert lines_text(lines3) == ['{"b":2}', '{"c":3}']
-    assert off3 == os.path.getsize(p)
-    assert lines3[0] == Line(off, off + len('{"b":2}\n'), b'{"b":2}')
+    b3 = poll_file(p, b2.position)
+    assert lines_text(b3.lines) == ['{"b":2}', '{"c":3}'] and not b3.restarted
+    assert b3.end_offset == os.path.getsize(p)
+    assert b3.lines[0] == Line(off, off + len('{"b":2}\n'), b'{"b":2}')
 
 
 def test_empty_and_missing_files(tmp_path):
     p = tmp_path / "x.ndjson"
-    assert read_new_lines(p, 0) == ([], 0)
-    assert read_new_lines(p, 17) == ([], 17)
     assert poll_file(p, None) is None
+    assert poll_file(p, Position(11, 17)) is None
     write(p, "")
-    assert read_new_lines(p, 0) == ([], 0)
+    empty = poll_file(p, None)
+    assert empty.lines == [] and empty.start_offset == empty.end_offset == 0 and not empty.restarted
 
 
 def test_truncation_restarts_at_zero(tmp_path):
     p = tmp_path / "f.ndjson"
     write(p, "one\ntwo\nthree\n")
-    lines, off = read_new_lines(p, 0)
-    assert len(lines) == 3
-    write(p, "new\n", mode="wb")  # truncated and rewritten, shorter than off
-    lines, off2 = read_new_lines(p, off)
-    assert lines_text(lines) == ["new"] and off2 == 4
-    stored = Position(os.stat(p).st_ino, off)
-    batch = poll_file(p, stored)
+    first = poll_file(p, None)
+    assert len(first.lines) == 3
+    write(p, "new\n", mode="wb")  # truncated and rewritten (same inode), shorter than the offset
+    assert os.stat(p).st_ino == first.inode
+    batch = poll_file(p, first.position)
     assert batch.restarted and batch.reason == "truncated" and batch.start_offset == 0
-    assert lines_text(batch.lines) == ["new"]
+    assert lines_text(batch.lines) == ["new"] and batch.end_offset == 4
 
 
 def test_rotation_by_inode_change_restarts_at_zero(tmp_path):
@@ -98,16 +99,16 @@ def test_long_line_is_returned_whole_despite_max_bytes(tmp_path):
     p = tmp_path / "f.ndjson"
     long = "x" * 10_000
     write(p, long + "\nshort\n")
-    lines, off = read_new_lines(p, 0, max_bytes=64)
-    assert lines_text(lines)[0] == long
-    rest, off2 = read_new_lines(p, off, max_bytes=64)
-    assert lines_text(lines + rest) == [long, "short"] and off2 == os.path.getsize(p)
+    first = poll_file(p, None, max_bytes=64)
+    assert lines_text(first.lines)[0] == long
+    rest = poll_file(p, first.position, max_bytes=64)
+    assert lines_text(first.lines + rest.lines) == [long, "short"] and rest.end_offset == os.path.getsize(p)
 
 
 def test_blank_lines_are_reported_as_blank(tmp_path):
     p = tmp_path / "f.ndjson"
     write(p, "a\n\n \nb\n")
-    lines, _ = read_new_lines(p, 0)
+    lines = poll_file(p, None).lines
     assert [ln.is_blank for ln in lines] == [False, True, True, False]
 
 

@@ -1,6 +1,7 @@
-"""The /metrics exposition (streams/runtime/metrics.py, streams/agents/ops.py) is valid Prometheus text
-format 0.0.4: checked line by line by a strict checker here, and parsed by prometheus_client's own
-text parser."""
+"""The /metrics exposition (streams/runtime/metrics.py, streams/api/health.py; written by prometheus_client
+from the Runtime's own registry) is valid Prometheus text format, and since every name is a legacy
+one, valid format 0.0.4 too: checked line by line by a strict checker here, and parsed by
+prometheus_client's own text parser."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import re
 
 import pytest
 
-from streams.api.health import Health, PartitionLag, worker_families
-from streams.runtime.metrics import LATENCY_BUCKETS, Family, Metrics, escape_label_value, metric_name, render
+from streams.api.health import Health, PartitionLag, WorkerCollector, worker_families
+from streams.runtime.metrics import LATENCY_BUCKETS, Metrics, metric_name
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\\\|\\"|\\n)*"'
@@ -105,9 +106,21 @@ def health(status="ready") -> Health:
                   standby_remaining=2, rebalancing=False, sources=["a[0]", "b[1]"], active_partitions=3, standby_partitions=1)
 
 
+class Fixed:
+    """A collector of fixed worker families (what WorkerCollector.collect reads from Faust)."""
+
+    def __init__(self, families):
+        self.families = families
+
+    def collect(self):
+        return self.families
+
+
 def full_text(status="ready") -> str:
     lags = [PartitionLag("graph.events.v1", 0, 10, 12), PartitionLag("graph.events.v1", 1, None, 3)]
-    return sample_metrics().render(worker_families(health(status), lags, {"graph-state": 4, "memory-nodes": 0}))
+    m = sample_metrics()
+    m.registry.register(Fixed(worker_families(health(status), lags, {"graph-state": 4, "memory-nodes": 0})))
+    return m.render().decode()
 
 
 def test_exposition_is_strictly_valid_and_has_every_family():
@@ -170,17 +183,59 @@ def test_prometheus_client_parser_reads_it():
 
 
 def test_empty_metrics_still_render_valid_text():
-    fams = strict_parse(Metrics().render())
+    fams = strict_parse(Metrics().render().decode())
     assert fams["memstream_processing_seconds"]["samples"] == []
+    assert fams["memstream_in_total"]["samples"] == []  # declared up front, counted on first use
+    assert fams["memstream_memory_users_loaded"]["samples"] == [("memstream_memory_users_loaded", {}, 0)]
 
 
-def test_names_labels_and_values_are_escaped_or_refused():
+def test_no_created_series():
+    text = full_text()
+    assert "_created" not in text, "created timestamps are disabled (streams/runtime/metrics.py)"
+
+
+def test_each_metrics_has_its_own_registry():
+    """Several runtimes in one process (the tests run several apps): each counts only its own,
+    and nothing lands in prometheus_client's global registry."""
+    from prometheus_client import REGISTRY
+
+    a, b = Metrics(), Metrics()
+    a.inc("in:t", 3)
+    b.inc("in:t")
+    b.observe_latency("t", 0.01)
+    assert a.registry.get_sample_value("memstream_in_total", {"topic": "t"}) == 3
+    assert b.registry.get_sample_value("memstream_in_total", {"topic": "t"}) == 1
+    assert a.registry.get_sample_value("memstream_processing_seconds_count", {"topic": "t"}) is None
+    assert REGISTRY.get_sample_value("memstream_in_total", {"topic": "t"}) is None
+
+
+def test_counters_mapping_reads_the_counters():
+    m = sample_metrics()
+    counters = m.counters
+    assert counters["in"] == {"graph.events.v1": 5, "memory.candidates.v1": 1}
+    assert counters["dlq"] == {"decode/UnknownMagicByteError": 1, "validate/memory.key_mismatch": 1, "weird/": 1}
+    assert counters["violation"] == {"event.session_mismatch": 1}
+    assert counters["erase"] == {}  # declared, never counted
+
+
+def test_inc_label_reuses_the_labelled_child():
+    m = Metrics()
+    m.inc_label("in", "t")
+    child = m._children["in"]["t"]
+    m.inc("in:t", 2)
+    assert m._children["in"]["t"] is child
+    assert m.registry.get_sample_value("memstream_in_total", {"topic": "t"}) == 3
+
+
+def test_worker_collector_describes_what_it_collects():
+    described = {(f.name, f.type) for f in WorkerCollector(rt=None).describe()}
+    collected = {(f.name, f.type) for f in worker_families(health(), [PartitionLag("t", 0, 1, 2)], {"x": 1})}
+    assert described == collected
+    assert all(not f.samples for f in WorkerCollector(rt=None).describe())
+
+
+def test_names_are_sanitized():
     assert metric_name("a-b.c d") == "memstream_a_b_c_d"
-    assert escape_label_value('x"y\\z\n') == 'x\\"y\\\\z\\n'
-    with pytest.raises(ValueError):
-        render([Family("memstream_x", "gauge", "h").add({"bad-name": "v"}, 1)])
-    with pytest.raises(ValueError):
-        render([Family("memstream_x", "gauge", "h"), Family("memstream_x", "gauge", "h")])
-    text = render([Family("memstream_x", "gauge", "multi\nline \\ help").add({}, float("nan")).add({"a": "1"}, math.inf)])
-    assert "# HELP memstream_x multi\\nline \\\\ help" in text and "memstream_x NaN" in text
-    strict_parse(text)
+    m = Metrics()
+    m.inc("odd-family.x:v")
+    assert m.registry.get_sample_value("memstream_odd_family_x_total", {"label": "v"}) == 1
