@@ -90,7 +90,7 @@ from confluent_kafka.admin import NewTopic
 from bench.bench_consolidation import memory_text, vocabulary
 from streams.contracts import catalog, topics
 from streams.tools import devstack, generate, kafkatools
-from streams.agents.memory import SOURCES as MEMORY_INPUTS
+from streams.agents.memory import PROCESSOR as MEMORY_PROCESSOR
 from streams.agents.memory_store import STATE_TABLE, node_key
 from streams.agents.user_cache import chunk_rows
 from streams.core import UserMemory, event_id_for
@@ -330,7 +330,7 @@ def state_rows_per_user(settings: Settings, seen_ids: int) -> int:
 
 def history(settings: Settings, load: list[Record], seen_ids: int) -> list[StateRow]:
     """A window of `seen_ids` ids for every user of the load (users active for a while)."""
-    users = sorted({r.key.decode() for r in load if r.topic in MEMORY_INPUTS})
+    users = sorted({r.key.decode() for r in load if r.topic in MEMORY_PROCESSOR.sources})
     ts_ms = int(time.time() * 1000) - 2 * HOUR_MS
     return [row for u in users for row in user_state(settings, u, seen_ids, ts_ms)] if seen_ids else []
 

@@ -20,6 +20,20 @@ def test_readme_tables_match_the_code():
         assert f"| `{t.name}` |" in text
 
 
+def test_topology_sections_match_the_declarations():
+    from streams.agents import processors
+
+    for doc, sections in ((readme.README, readme.SECTIONS), (readme.ARCHITECTURE, readme.ARCHITECTURE_SECTIONS)):
+        text = doc.read_text()
+        assert "<!-- topology:begin -->" in text, doc
+        assert readme.render(text, sections) == text, f"{doc.name} is stale: run `python -m streams.tools.readme`"
+        section = text.split("<!-- topology:begin -->")[1].split("<!-- topology:end -->")[0]
+        assert "```mermaid\nflowchart LR" in section
+        for p in processors():
+            assert f"Processor: {p.name}  ({p.module})" in section, (doc, p.name)
+    assert "## One candidate record, hop by hop" in readme.ARCHITECTURE.read_text()
+
+
 def test_contract_tables_match_the_code_and_the_docs_stand_alone():
     text = readme.CONTRACT.read_text()
     assert readme.render(text, readme.CONTRACT_SECTIONS) == text, \

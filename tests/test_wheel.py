@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from streams import schemas
+from streams.contracts import schemas
 
 from .conftest import ROOT
 
@@ -32,8 +32,8 @@ import json, sys
 from pathlib import Path
 
 import streams
-from streams import schemas
-from streams.agents import dashboard
+from streams.contracts import schemas
+from streams.api import dashboard
 
 target = Path(sys.argv[1]).resolve()
 d = schemas.schemas_dir().resolve()

@@ -9,17 +9,19 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from streams.runtime.app import Runtime
+    from streams.runtime.topology import Processor
 
 
-def _agent_modules():
-    from streams.agents import analytics, graphs, memory, sessions
+def processors() -> list["Processor"]:
+    """Every processor's declaration (`PROCESSOR` of each agent module: streams/runtime/topology.py)."""
+    from streams.agents import analytics, graphs, memory, relay_policy, sessions
 
-    return [analytics, memory, graphs, sessions]
+    return [memory.PROCESSOR, relay_policy.PROCESSOR, sessions.PROCESSOR, graphs.PROCESSOR, analytics.PROCESSOR]
 
 
 def consumed_topics() -> list[str]:
-    """Every input topic some agent reads (each agent module declares its SOURCES)."""
-    return [t for m in _agent_modules() for t in m.SOURCES]
+    """Every input topic some agent reads (the declared sources)."""
+    return [t for p in processors() for t in p.sources]
 
 
 def api_areas():
@@ -32,11 +34,13 @@ def api_areas():
 def register_all(rt: "Runtime") -> None:
     from streams.agents import analytics, graphs, memory, sessions
     from streams.api import memory as memory_api
+    from streams.runtime import topology
 
     analytics.register(rt)
     agent = memory.register(rt)
     graphs.register(rt)
     sessions.register(rt)
+    topology.check(rt, processors())  # what they registered is what they declare (once, at start)
     memory_api.attach(rt.app, agent)  # the memory views read and send through the memory agent
     for area in api_areas():
         area.blueprint.register(rt.app)

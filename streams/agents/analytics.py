@@ -2,9 +2,9 @@
 windows, lateness, expiry) are in `streams/analytics`; the HTTP views of the `analytics` table in
 streams/api/analytics.py.
 
-Other agents feed increments with `rt.feed_analytics(increments)` (the runtime hands them to this
-agent's hook, `Runtime.add_hook`) inside the event they are
-processing (so the `analytics` table write, staged with that event's batch, lands on that
+Other agents feed increments with `rt.feed_analytics(cp, increments)` (the runtime hands them to
+this agent's hook, `Runtime.add_hook`) inside the event they are processing, with the checkpoint
+of its batch (so the `analytics` table write, staged through that checkpoint, lands on that
 event's partition, which owns the subject). A partition-local timer publishes every window whose aggregate changed and expires
 old ones; the state is a table, so after a restart or a rebalance the recovered windows are
 still published and expired (no reliance on Faust's window-close callback).
@@ -12,8 +12,8 @@ still published and expired (no reliance on Faust's window-close callback).
 Writers: the `analytics` table is written by the publish tick and by every agent that feeds it
 (memory batches and housekeeping, sessions, graphs, dead letters of any agent), each under its
 own lock, and each batch awaits the broker between its reads and its writes. So no writer
-stages a row it read: every change is an `checkpoint.update`, a function applied to the row as it
-is when the batch writes (streams/checkpoint.py, "Tables with more than one writer"):
+stages a row it read: every change is a `cp.update`, a function applied to the row as it
+is when the batch writes (streams/runtime/checkpoint.py, "Tables with more than one writer"):
 
 - the feed adds its increments (`add_increment`) to that row;
 - the tick publishes the windows due in the row it read, then marks *those snapshots*
@@ -21,7 +21,7 @@ is when the batch writes (streams/checkpoint.py, "Tables with more than one writ
   stays due) and expires (`expire` drops only published windows) in the row as it is then.
 
 Both commute, so no interleaving of feeds and ticks loses an increment or drops an unpublished
-window. The table is declared `checkpoint.updates_only`: a plain `checkpoint.write` to it raises.
+window. The table is declared `checkpoint.updates_only`: a plain `cp.write` to it raises.
 
 Record key: the catalog keys memory.analytics.v1 by `motebit_id`; each record is the complete
 aggregate of one window (`window`, `window_start` in the value), so re-publishing is harmless.
@@ -48,23 +48,31 @@ from ..analytics import (
     records_due,
     subject_partition,
 )
+from streams.runtime.topology import Processor, Timer
 
 if TYPE_CHECKING:
     from streams.runtime.app import Runtime
 
-SOURCES: list[str] = []  # fed by the other agents, reads no topic of its own
+PROCESSOR = Processor(
+    "analytics", __name__,
+    "Windowed activity aggregates, fed in-process by the other processors (Runtime.add_hook: their "
+    "increments and every dead letter); reads no topic of its own.",
+    stores=("analytics",),
+    timers=(Timer("analytics", catalog.MEMORY_CANDIDATES, "publish the changed windows, expire old ones"),),
+    sinks=(catalog.MEMORY_ANALYTICS,),
+)
 
 
 def register(rt: "Runtime") -> None:
     table = checkpoint.updates_only(rt.table("analytics"))
 
-    def feed(increments: Iterable) -> None:
+    def feed(cp: checkpoint.Checkpoint, increments: Iterable) -> None:
         now = int(time.time() * 1000)
         by_subject: dict[str, list] = {}
         for inc in increments:
             by_subject.setdefault(inc.subject, []).append(inc)
         for subject, incs in by_subject.items():
-            checkpoint.update(table, subject, _adder(subject, incs, now))
+            cp.update(table, subject, _adder(subject, incs, now))
 
     def _adder(subject: str, incs: list, now_ms: int):
         def add_to(state: dict | None) -> dict:
@@ -81,27 +89,28 @@ def register(rt: "Runtime") -> None:
         increments = staticmethod(feed)
 
         @staticmethod
-        def erase(subject: str) -> None:
+        def erase(cp: checkpoint.Checkpoint, subject: str) -> None:
             # an erasure (memory agent) removes the user's row; staged as an update, so it also
             # drops the increments the same batch fed before it
-            checkpoint.update(table, subject, lambda _state: checkpoint.DELETE)
+            cp.update(table, subject, lambda _state: checkpoint.DELETE)
 
         @staticmethod
-        def dead_lettered(record: Mapping[str, Any], event_time_ms: int, index: int, partition: int) -> None:
-            feed(classify_dead_letter(record, event_time_ms, index=index, partition=partition))
+        def dead_lettered(cp: checkpoint.Checkpoint, record: Mapping[str, Any], event_time_ms: int, index: int,
+                          partition: int) -> None:
+            feed(cp, classify_dead_letter(record, event_time_ms, index=index, partition=partition))
 
     rt.add_hook(Hook())
 
-    async def publish(partition: int, now_ms: int) -> None:
+    async def publish(cp: checkpoint.Checkpoint, partition: int, now_ms: int) -> None:
         mine = [(s, st) for s, st in list(table.items())
                 if st is not None and subject_partition(s, rt.partition_of) == partition]
         clock = partition_clock(st for _s, st in mine)
         for subject, state in mine:  # `state` is as read: rows change while the sends await
             pairs = records_due(state)
             for _snapshot, record in pairs:
-                await rt.send(catalog.MEMORY_ANALYTICS, subject, record)
+                await cp.send(catalog.MEMORY_ANALYTICS, subject, record)
             if pairs or _expirable(state, clock):
-                checkpoint.update(table, subject, _publisher([snap for snap, _r in pairs], clock))
+                cp.update(table, subject, _publisher([snap for snap, _r in pairs], clock))
 
     def _publisher(snapshots: list, clock: int | None):
         def published(state: dict | None):

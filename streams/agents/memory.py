@@ -29,10 +29,11 @@ import orjson
 
 from streams.contracts import catalog
 from streams.agents import relay_policy
-from streams.agents.memory_store import MemoryStore, UserContained, node_key
+from streams.agents.memory_store import STATE_TABLE, MemoryStore, UserContained, node_key
 from streams.agents.negotiator_calls import NegotiatorCalls
-from streams.runtime import checkpoint
+from streams.runtime.checkpoint import Checkpoint
 from streams.runtime.handlers import Rejected
+from streams.runtime.topology import Processor, Timer
 from ..core import (
     ConsolidationPolicy,
     Outcome,
@@ -65,8 +66,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memstream.memory")
 
-SOURCES = [catalog.MEMORY_EVENTS, catalog.MEMORY_CANDIDATES, catalog.MEMORY_TURNS, catalog.NEGOTIATOR_REQUESTS,
-           catalog.ERASE_REQUESTS]
+PROCESSOR = Processor(
+    "memory-consolidate", __name__,
+    "One user's memory: consolidation of events and candidates, the missed-memory audit of turns, "
+    "negotiator remember/forget, erasure steps; decay and retention by a timer.",
+    sources=(catalog.MEMORY_EVENTS, catalog.MEMORY_CANDIDATES, catalog.MEMORY_TURNS, catalog.NEGOTIATOR_REQUESTS,
+             catalog.ERASE_REQUESTS),
+    stores=(STATE_TABLE, "negotiator", "relay-policy"),
+    timers=(Timer("memory-housekeeping", catalog.MEMORY_CANDIDATES,
+                  "decay and retention of the partition's users (MEMSTREAM_HOUSEKEEPING_MAX_ROWS_PER_TICK rows a tick)"),),
+    sinks=(catalog.MEMORY_LEDGER, catalog.MEMORY_RELAY, catalog.MEMORY_QUARANTINE, catalog.MEMORY_NODES,
+           catalog.NEGOTIATOR_REPLIES, catalog.ERASE_REQUESTS, catalog.ERASE_RECEIPTS, catalog.MEMORY_ANALYTICS,
+           catalog.DLQ),
+    internal_sinks=(relay_policy.TOPIC,),
+    feeds=("analytics",),
+)
 KEY_FIELD = {catalog.MEMORY_EVENTS: "motebit_id", catalog.MEMORY_CANDIDATES: "motebit_id",
              catalog.MEMORY_TURNS: "motebit_id", catalog.NEGOTIATOR_REQUESTS: "user_id",
              catalog.ERASE_REQUESTS: "motebit_id"}
@@ -104,7 +118,7 @@ def register(rt: "Runtime") -> MemoryAgent:
     erasure = ErasurePolicy(max_nodes_per_step=rt.settings.erase_max_nodes_per_step,
                             max_receipt_ids=rt.settings.erase_receipt_max_ids)
 
-    async def apply(event, key: str, record: dict) -> None:
+    async def apply(cp: Checkpoint, event, key: str, record: dict) -> None:
         topic = event.message.topic
         if (problem := id_problem(key, limits)) is not None:  # before any state is touched
             code, what = problem
@@ -118,14 +132,14 @@ def register(rt: "Runtime") -> MemoryAgent:
         if (late := time_problem(record, record_ms, limits)) is not None:
             raise Rejected(f"{late.code}: {late.detail}", late.code)
         try:
-            um = store.user(key)
+            um = store.user(key, cp)
         except UserContained as exc:
             raise Rejected(str(exc), "memory.user_contained", stage=STAGE_APPLY) from None
         if topic == catalog.NEGOTIATOR_REQUESTS:
-            await negotiate(key, record, um)
+            await negotiate(cp, key, record, um)
             return
         if topic == catalog.ERASE_REQUESTS:
-            await erase(key, record, um)
+            await erase(cp, key, record, um)
             return
         if topic == catalog.MEMORY_TURNS:
             out = audit(um, record)
@@ -134,36 +148,37 @@ def register(rt: "Runtime") -> MemoryAgent:
         else:
             out = process_event(um, record, consolidation, promotion, limits=limits)
         for rej in out.dead_letters:
-            await rt.dead_letter(event, STAGE_VALIDATE, f"{rej.code}: {rej.detail}", rej.code,
+            await cp.dead_letter(STAGE_VALIDATE, f"{rej.code}: {rej.detail}", rej.code,
                                  keep_value=not rej.redact_value)
         if out.duplicate:
             rt.metrics.inc_label("duplicate", topic)
             return
         if out.decision is not None:
             rt.metrics.inc_label("decision", out.decision.action)
-        await emit(key, um, out)
+        await emit(cp, key, um, out)
 
-    async def emit(key: str, um: UserMemory, out: Outcome) -> None:
+    async def emit(cp: Checkpoint, key: str, um: UserMemory, out: Outcome) -> None:
         """Send an outcome (ledger and its relay view, quarantine, node rows) and stage the
-        user's rows (written once the batch's outputs are acknowledged: streams.runtime.checkpoint)."""
+        user's rows through the batch's checkpoint (written once its outputs are acknowledged:
+        streams.runtime.checkpoint)."""
         relayed = []
         if out.ledger:  # a table read: only when there is something to relay
             threshold = store.relay_threshold(key)
         for ev in out.ledger:
-            await rt.send(catalog.MEMORY_LEDGER, key, ev)
+            await cp.send(catalog.MEMORY_LEDGER, key, ev)
             for peer_ev in relay_events(ev, threshold, um.deleted_node_ids,
                                         deleted_fingerprints=um.deleted_fingerprints,
                                         deleted_rows=out.deleted_rows):
-                await rt.send(catalog.MEMORY_RELAY, key, peer_ev)
+                await cp.send(catalog.MEMORY_RELAY, key, peer_ev)
                 relayed.append(peer_ev)
-        rt.feed_analytics(classify_outcome(out, relayed))
+        rt.feed_analytics(cp, classify_outcome(out, relayed))
         for q in out.quarantined:
-            await rt.send(catalog.MEMORY_QUARANTINE, key, q)
+            await cp.send(catalog.MEMORY_QUARANTINE, key, q)
         for node in out.node_upserts:
-            await rt.send(catalog.MEMORY_NODES, node_key(key, node["node_id"]), node)
+            await cp.send(catalog.MEMORY_NODES, node_key(key, node["node_id"]), node)
         for node_id in out.node_deletions:
-            await rt.send(catalog.MEMORY_NODES, node_key(key, node_id), None)
-        store.stage(key, um, out)
+            await cp.send(catalog.MEMORY_NODES, node_key(key, node_id), None)
+        store.stage(cp, key, um, out)
 
     def audit(um: UserMemory, turn: dict) -> Outcome:
         """memory.turns.v1: the missed-memory audit (local-only: never reaches the relay)."""
@@ -178,16 +193,16 @@ def register(rt: "Runtime") -> MemoryAgent:
         ev = audit_turn(turn, version_clock=um.next_clock())
         return Outcome(ledger=[ev] if ev else [])
 
-    async def negotiate(key: str, request: dict, um: UserMemory) -> None:
+    async def negotiate(cp: Checkpoint, key: str, request: dict, um: UserMemory) -> None:
         """negotiator.requests.v1 → negotiator.replies.v1; a forget also deletes the user's
         memory nodes holding the forgotten content (and they can never re-form)."""
         rej = validate_request(request, limits)  # ids and sizes that a reply or the memo would carry
         if rej is not None:
             raise Rejected(f"{rej.code}: {rej.detail}", rej.code)
-        state, reply = handle_request(checkpoint.read(store.negotiator, key), request,
+        state, reply = handle_request(cp.read(store.negotiator, key), request,
                                       rt.settings.negotiator_write_enabled, limits)
-        await rt.send(catalog.NEGOTIATOR_REPLIES, key, reply)
-        checkpoint.write(store.negotiator, key, state)
+        await cp.send(catalog.NEGOTIATOR_REPLIES, key, reply)
+        cp.write(store.negotiator, key, state)
         rt.count(f"negotiator:{request.get('op')}")
         for node_id in nodes_to_forget(um.live_nodes(), forgotten_fingerprints(state)):
             deletion = {"event_id": event_id_for(key, f"{request['request_id']}/{node_id}", "memory_deleted"),
@@ -195,38 +210,38 @@ def register(rt: "Runtime") -> MemoryAgent:
                         "version_clock": um.next_clock(), "event_type": "memory_deleted",
                         "payload": {"node_id": node_id},
                         "caused_by": input_reference(NEGOTIATOR_REQUEST, request["request_id"])}
-            await emit(key, um, process_event(um, deletion, consolidation, promotion))
+            await emit(cp, key, um, process_event(um, deletion, consolidation, promotion))
         calls.answered(request["request_id"], reply)
 
-    async def erase(key: str, request: dict, um: UserMemory) -> None:
+    async def erase(cp: Checkpoint, key: str, request: dict, um: UserMemory) -> None:
         """memory.erase-requests.v1: one step of a user's erasure (streams/core/erasure.py).
         Outputs first (node nulls, ledger deletions and relay tombstones, the next step or the
         receipt, the analytics tombstone, the relay-policy removal), rows after (the batch
-        protocol of streams/checkpoint.py), so a crash anywhere repeats the same step."""
+        protocol of streams/runtime/checkpoint.py), so a crash anywhere repeats the same step."""
         rej = validate_erase_request(request, limits)
         if rej is not None:
             raise Rejected(f"{rej.code}: {rej.detail}", rej.code)
-        step = erase_step(um, request, negotiator_state=checkpoint.read(store.negotiator, key),
+        step = erase_step(um, request, negotiator_state=cp.read(store.negotiator, key),
                           relay_override=store.relay_policy.get(key), policy=erasure, limits=limits)
         if step.duplicate:
             rt.count(f"duplicate:{catalog.ERASE_REQUESTS}")
             return
-        await emit(key, um, step.outcome)
+        await emit(cp, key, um, step.outcome)
         rt.count("erase:nodes", len(step.outcome.node_deletions))
         if step.continuation is not None:
             value = rt.codecs.codec(catalog.topic(catalog.ERASE_REQUESTS).value_schema).encode(step.continuation)
-            checkpoint.record_ack(await rt.inputs[catalog.ERASE_REQUESTS].send(key=key.encode(), value=value))
+            cp.record_ack(await rt.inputs[catalog.ERASE_REQUESTS].send(key=key.encode(), value=value))
             return
         if step.negotiator_state is not None:
-            checkpoint.write(store.negotiator, key, step.negotiator_state)
+            cp.write(store.negotiator, key, step.negotiator_state)
         if step.remove_relay_policy:  # through the relay-policy agent, the table's one writer
             removal = {"erase": request["request_id"], "token": str(request.get("requested_by") or ""),
                        "requested_at": int(request["timestamp"]), "worker": rt.worker_name}
-            checkpoint.record_ack(await policy_topic.send(key=key.encode(), value=orjson.dumps(removal)))
+            cp.record_ack(await policy_topic.send(key=key.encode(), value=orjson.dumps(removal)))
         if step.erase_analytics:
-            rt.erase_analytics(key)  # staged after this batch's own increments for the user
-            await rt.send(catalog.MEMORY_ANALYTICS, key, None)
-        await rt.send(catalog.ERASE_RECEIPTS, key, step.receipt)
+            rt.erase_analytics(cp, key)  # staged after this batch's own increments for the user
+            await cp.send(catalog.MEMORY_ANALYTICS, key, None)
+        await cp.send(catalog.ERASE_RECEIPTS, key, step.receipt)
         rt.count("erase:receipts")
         log.warning("erasure %s of %s complete: %d nodes, %d negotiator memories, relay policy %s (%d steps)",
                     request["request_id"], key, step.receipt["nodes_erased"], step.receipt["negotiator_memories_erased"],
@@ -234,7 +249,7 @@ def register(rt: "Runtime") -> MemoryAgent:
 
     slices = SweepSlices(rt.settings.housekeeping_max_rows_per_tick)
 
-    async def housekeeping(partition: int, now_ms: int) -> None:
+    async def housekeeping(cp: Checkpoint, partition: int, now_ms: int) -> None:
         """Decay and retention for the users of one partition (a partition-local timer), at most
         MEMSTREAM_HOUSEKEEPING_MAX_ROWS_PER_TICK rows a tick (`SweepSlices`): each user's rows are
         read in turn (a loaded user is used as it is), a user's state is built only when one of
@@ -248,11 +263,11 @@ def register(rt: "Runtime") -> MemoryAgent:
                 if out.ledger or out.node_deletions:
                     store.keep(user, um, redo)
                     rt.count("housekeeping:deleted", len(out.node_deletions))
-                    await emit(user, um, out)
+                    await emit(cp, user, um, out)
             if slices.read(partition, user, rows):
                 return
             await asyncio.sleep(0)
 
     rt.ticks("memory-housekeeping", catalog.MEMORY_CANDIDATES, housekeeping, cache=store, lock=store.lock)
-    rt.stateful_agent(rt.input_channel(*SOURCES), "memory-consolidate", apply, cache=store, lock=store.lock)
+    rt.stateful_agent(rt.input_channel(*PROCESSOR.sources), "memory-consolidate", apply, cache=store, lock=store.lock)
     return MemoryAgent(store, policy_topic, calls)

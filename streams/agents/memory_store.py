@@ -171,27 +171,28 @@ class MemoryStore:
             self._gauges()
         return loaded.memory, loaded.redo
 
-    def _keep(self, motebit_id: str, um: UserMemory, redo: dict) -> None:
-        """Cache a loaded user with its redo log (rewritten by its next write: `stage`); inside
-        a batch it is pinned until the batch is written."""
+    def _keep(self, motebit_id: str, um: UserMemory, redo: dict, pin: bool) -> None:
+        """Cache a loaded user with its redo log (rewritten by its next write: `stage`); `pin`
+        (for a batch attempt) keeps it until the attempt is written."""
         self.rt.count("memory_users:loaded")
-        self._forget(self.users.put(motebit_id, um, pin=checkpoint.current_batch() is not None))
+        self._forget(self.users.put(motebit_id, um, pin=pin))
         if redo:
             self.redo[motebit_id] = redo
         self._gauges()
 
-    def user(self, motebit_id: str) -> UserMemory:
+    def user(self, motebit_id: str, cp: checkpoint.Checkpoint | None = None) -> UserMemory:
         """The user's state (loaded on first touch); raises `UserContained` for a user whose rows
-        could not be rebuilt. Inside a batch the user is pinned until the batch is written."""
+        could not be rebuilt. For a batch attempt (`cp`, which the caller will change the user
+        through) the user is pinned until the attempt is written."""
         self._readable()
         if motebit_id in self.corrupt:
             raise UserContained(motebit_id, self.corrupt[motebit_id])
-        um = self.users.get(motebit_id, pin=checkpoint.current_batch() is not None)
+        um = self.users.get(motebit_id, pin=cp is not None)
         if um is None:
             um, redo = self._load(motebit_id)
             if um is None:
                 raise UserContained(motebit_id, self.corrupt[motebit_id])
-            self._keep(motebit_id, um, redo)
+            self._keep(motebit_id, um, redo, pin=cp is not None)
         return um
 
     def partition_users(self, partition: int, wanted: Callable[[list], bool] | None = None, after: str | None = None
@@ -218,36 +219,37 @@ class MemoryStore:
                 yield user, um, redo, len(read)
 
     def keep(self, motebit_id: str, um: UserMemory, redo: dict | None) -> None:
-        """A user from `partition_users` that the batch changes: cached (and pinned) so that the
-        batch's effects stay with it until they are written."""
-        if self.users.get(motebit_id, pin=checkpoint.current_batch() is not None) is None:
-            self._keep(motebit_id, um, redo or {})
+        """A user from `partition_users` that a batch attempt changes: cached and pinned, so that
+        the attempt's effects stay with it until they are written."""
+        if self.users.get(motebit_id, pin=True) is None:
+            self._keep(motebit_id, um, redo or {}, pin=True)
 
-    def stage(self, motebit_id: str, um: UserMemory, out: Outcome) -> None:
+    def stage(self, cp: checkpoint.Checkpoint, motebit_id: str, um: UserMemory, out: Outcome) -> None:
         """Stage the user's rows after an outcome: the aux row first (with the batch's other
         rows of this user as its redo log: `pending`), then the node rows and the sealed
         chunks of the de-duplication window (the aux row keeps only its open tail). The first
         write after a rebuild also rewrites the rows of the user's last redo log: a crash may
-        have kept them out of the table, and the new aux row will no longer carry them."""
+        have kept them out of the table, and the new aux row will no longer carry them. Staged
+        through the attempt's checkpoint `cp`."""
         for suffix, row in self.redo.pop(motebit_id, {}).items():
-            checkpoint.write(self.state, node_key(motebit_id, suffix), checkpoint.DELETE if row is None else row)
+            cp.write(self.state, node_key(motebit_id, suffix), checkpoint.DELETE if row is None else row)
         for node in out.node_upserts:
-            checkpoint.write(self.state, node_key(motebit_id, node["node_id"]), node)
+            cp.write(self.state, node_key(motebit_id, node["node_id"]), node)
         for node_id in out.node_deletions:
-            checkpoint.write(self.state, node_key(motebit_id, node_id), checkpoint.DELETE)
+            cp.write(self.state, node_key(motebit_id, node_id), checkpoint.DELETE)
         sealed, dropped = um.seen_changes()
         side = side_rows(um.side_changes())  # deleted ids and fingerprints, pins: one small row each
         for suffix, row in {**chunk_rows(sealed, dropped), **side}.items():
-            checkpoint.write(self.state, node_key(motebit_id, suffix), checkpoint.DELETE if row is None else row)
+            cp.write(self.state, node_key(motebit_id, suffix), checkpoint.DELETE if row is None else row)
         # the aux row carries these rows as its redo log: past the budget, the batch is made
         # durable after this record (streams.runtime.checkpoint), so the aux row stays bounded
         staged = sum(len(orjson.dumps(n)) for n in out.node_upserts) + sum(len(orjson.dumps(r)) for r in sealed.values())
-        checkpoint.add_bytes(motebit_id, staged + 64 * (len(out.node_deletions) + len(side)),
-                          self.rt.settings.state_batch_max_bytes)
+        cp.add_bytes(motebit_id, staged + 64 * (len(out.node_deletions) + len(side)),
+                     self.rt.settings.state_batch_max_bytes)
 
-        def aux_row(batch: checkpoint.Batch | None) -> dict:
-            rows = batch.staged_rows(self.state, motebit_id) if batch else {}
+        def aux_row(written: checkpoint.Checkpoint) -> dict:
+            rows = written.staged_rows(self.state, motebit_id)
             pending = {k.split(NODE_KEY_SEP, 1)[1]: (None if v is checkpoint.DELETE else v) for k, v in rows.items()}
             return {**um.aux_record(compact=True), "pending": pending}
 
-        checkpoint.write(self.state, motebit_id, aux_row, first=True)
+        cp.write(self.state, motebit_id, aux_row, first=True)

@@ -17,11 +17,22 @@ import orjson
 
 from streams.contracts import catalog
 from streams.agents.memory_store import MemoryStore
+from streams.runtime.topology import Processor
 
 if TYPE_CHECKING:
     from streams.runtime.app import Runtime
 
 log = logging.getLogger("memstream.memory")
+
+TOPIC = "relay-policy"  # the internal topic `<app_id>-relay-policy`
+PROCESSOR = Processor(
+    "relay-policy-agent", __name__,
+    "The one writer of per-user relay thresholds: each change (PUT /v1/relay/{id}/threshold, or an "
+    "erasure's removal) is audited first, then takes effect.",
+    internal_sources=(TOPIC,),
+    stores=("relay-policy",),
+    sinks=(catalog.SECURITY_AUDIT,),
+)
 
 
 def threshold_change(value: bytes) -> dict:
@@ -40,7 +51,7 @@ def register(rt: "Runtime", store: MemoryStore) -> Any:
     app = rt.app
     # Per-user relay thresholds change at run time through an internal topic keyed by the user
     # (so the table write happens in an event of the user's partition, as Faust requires).
-    policy_topic = rt.internal_topic("relay-policy")
+    policy_topic = rt.internal_topic(TOPIC)
 
     @app.agent(policy_topic, name="relay-policy-agent")
     async def relay_policy_agent(stream):

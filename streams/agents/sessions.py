@@ -23,7 +23,8 @@ table's changelog partition is the source partition). For each event:
   when it differs from the previous one, and the state is written to the table.
 
 Outputs (ledger record, dead letters) are acknowledged by the broker *before* the table write
-(streams/checkpoint.py: the agent runs in batches), so a crash part-way re-processes the event
+(streams/runtime/checkpoint.py: the agent runs in batches, and the handler sends and stages through
+the batch's checkpoint `cp`), so a crash part-way re-processes the event
 rather than finding it already in the table with its outputs missing. Re-processing is
 deterministic (same state, same outputs), so the effect is at-least-once delivery of identical
 records — the compacted ledger topic converges.
@@ -41,12 +42,21 @@ from ..analytics import classify_compaction
 from streams.runtime.handlers import Rejected
 from ..core.limits import id_problem
 from ..sessions import lifecycle
+from streams.runtime.topology import Processor
 
 if TYPE_CHECKING:
     from streams.runtime.app import Runtime
 
-SOURCES = [catalog.SESSION_EVENTS]
 TABLE = "session-ledger"
+PROCESSOR = Processor(
+    "session-ledger-agent", __name__,
+    "The per-session compaction ledger (SPEC 4.8): every rule violation a dead letter, the ledger "
+    "republished when it changes.",
+    sources=(catalog.SESSION_EVENTS,),
+    stores=(TABLE,),
+    sinks=(catalog.SESSION_COMPACTIONS, catalog.DLQ),
+    feeds=("analytics",),
+)
 SESSION_MISMATCH = "event.session_mismatch"
 VALIDATE_RULES = (SESSION_MISMATCH, "event.over_limit")
 
@@ -55,11 +65,11 @@ def register(rt: "Runtime") -> None:
     table = rt.table(TABLE)
     limits = rt.settings.limits()
 
-    async def handle(event, key: str, record: dict) -> None:
+    async def handle(cp: checkpoint.Checkpoint, event, key: str, record: dict) -> None:
         if (problem := id_problem(key, limits)) is not None:  # the key is the table key: never stored
             code, what = problem
             raise Rejected(f"{code}: key {what}", code)
-        old = checkpoint.read(table, key)
+        old = cp.read(table, key)
         base = old if old is not None else lifecycle.new_state(key)
         new, violations = lifecycle.step(base, record, limits)
         if new is base and not violations:
@@ -67,11 +77,11 @@ def register(rt: "Runtime") -> None:
             return
         for v in violations:
             stage = deadletter.STAGE_VALIDATE if v.rule in VALIDATE_RULES else deadletter.STAGE_APPLY
-            await rt.dead_letter(event, stage=stage, reason=str(v), error_class=v.rule)
+            await cp.dead_letter(stage=stage, reason=str(v), error_class=v.rule)
             rt.count(f"violation:{v.rule}")
         if old is None or new["record"] != old["record"]:
-            await rt.send(catalog.SESSION_COMPACTIONS, key, lifecycle.to_record(new))
-            rt.feed_analytics(classify_compaction(old, new, record["ts"]))
-        checkpoint.write(table, key, new)
+            await cp.send(catalog.SESSION_COMPACTIONS, key, lifecycle.to_record(new))
+            rt.feed_analytics(cp, classify_compaction(old, new, record["ts"]))
+        cp.write(table, key, new)
 
     rt.stateful_agent(rt.inputs[catalog.SESSION_EVENTS], "session-ledger-agent", handle)

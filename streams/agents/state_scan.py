@@ -1,5 +1,6 @@
-"""Reading one user's `memory-state` rows without reading the whole table: the ONE place that
-uses Faust's store internals (faust-streaming 0.15.3, pinned in pyproject.toml).
+"""Reading one user's `memory-state` rows without reading the whole table, through Faust's store
+internals (faust-streaming 0.15.3), reached only by the `rocksdb_*` functions of
+`streams.runtime.faust_internals`.
 
 Faust's RocksDB store (`faust/stores/rocksdb.py`) keeps one `rocksdict.Rdict` per table
 partition (`Store._dbs[partition]`, opened in raw mode by `Store._db_for_partition`), with each
@@ -23,18 +24,17 @@ from typing import Any, Callable, Iterator
 
 from faust.types import TP, TableT
 
+from streams.runtime.faust_internals import (
+    rocksdb_open_partitions,
+    rocksdb_partition_db,
+    rocksdb_store,
+    rocksdb_value_decoder,
+)
+
 from .user_cache import KEY_SEP, group_rows
 
 _SEP = KEY_SEP.encode()
 _AFTER_SEP = bytes([_SEP[0] + 1])  # the first byte sorting after every `<user>/…` key
-
-
-def _rocksdb(table: TableT) -> Any | None:
-    """The RocksDB store of a table (rocksdict driver), or None for any other store."""
-    store = table.data
-    if hasattr(store, "_dbs") and getattr(store, "use_rocksdict", False) and hasattr(store, "_db_for_partition"):
-        return store
-    return None
 
 
 def _active(store: Any, table: TableT, partition: int) -> bool:
@@ -48,7 +48,7 @@ def _active_db(store: Any, table: TableT, partition: int) -> Any | None:
     """The partition's Rdict when the partition is active here, else None (no rows)."""
     if not _active(store, table, partition):
         return None
-    return store._db_for_partition(partition)  # opens it if Faust has not yet (as its own _get does)
+    return rocksdb_partition_db(store, partition)  # opens it if Faust has not yet (as its own _get does)
 
 
 def user_rows(table: TableT, user: str, partition: int) -> list[tuple[str, Any]]:
@@ -56,13 +56,13 @@ def user_rows(table: TableT, user: str, partition: int) -> list[tuple[str, Any]]
     range of its partition `partition`, then the same range of every other active partition,
     which is empty unless a row was put there by hand (the worker writes a user's rows only in
     events of its partition); read so that such a row is seen, as a scan of the table would."""
-    store = _rocksdb(table)
+    store = rocksdb_store(table)
     if store is None:
         prefix = user + KEY_SEP
         return [(k, v) for k, v in table.items() if k == user or k.startswith(prefix)]
-    others = sorted(p for p in list(store._dbs) if p != partition and _active(store, table, p))
+    others = sorted(p for p in rocksdb_open_partitions(store) if p != partition and _active(store, table, p))
     dbs = [db for p in [partition, *others] if (db := _active_db(store, table, p)) is not None]
-    decode = store._decode_value
+    decode = rocksdb_value_decoder(store)
     head = user.encode()
     start, end = head + _SEP, head + _AFTER_SEP
     out = []
@@ -81,7 +81,7 @@ def partition_users(table: TableT, partition: int, partition_of) -> list[str]:
     """The users of `partition` (`partition_of(user) == partition`) with rows in it, in key order.
     RocksDB: a skip scan that reads one key per user (an aux row key, or the first key of a
     `<user>/…` range, after which it seeks past the range), not the user's rows."""
-    store = _rocksdb(table)
+    store = rocksdb_store(table)
     if store is None:
         return sorted({k.partition(KEY_SEP)[0] for k in table.keys() if partition_of(k.partition(KEY_SEP)[0]) == partition})
     db = _active_db(store, table, partition)
@@ -112,7 +112,7 @@ def users_rows(table: TableT, partition: int, partition_of, after: str | None = 
     """`(user, rows)` for every user of `partition` in user-id order (after `after`, when given:
     where a sweep in slices resumes), one user at a time, `rows()` reading that user's rows when
     called: RocksDB reads each user's range then; another store is read once and grouped."""
-    if _rocksdb(table) is None:
+    if rocksdb_store(table) is None:
         grouped = group_rows((k, v) for k, v in table.items() if partition_of(k.partition(KEY_SEP)[0]) == partition)
         for user in sorted(grouped):
             rows = grouped.pop(user)

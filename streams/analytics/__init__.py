@@ -22,7 +22,7 @@ What the Faust shell does (one table ``analytics``: key = subject, value = windo
    * session agent: ``classify_compaction(old_state, new_state, record["ts"])``;
    * graph agent: ``classify_graph_budget(old_state, new_state)``.
 
-   For each subject, stage ``checkpoint.update(table, subject, fn)`` where ``fn(state)`` does, on
+   For each subject, stage ``cp.update(table, subject, fn)`` where ``fn(state)`` does, on
    the row as it is when the batch writes, ``state = state or new_state(subject)``; ``result =
    add_increment(state, inc, now_ms=wall_clock_ms)`` per increment; counts ``result.refused``
    (``too_late`` / ``too_early``) in the worker stats; returns ``state``. Never a row read
@@ -31,7 +31,7 @@ What the Faust shell does (one table ``analytics``: key = subject, value = windo
    subjects with ``subject_partition(subject, rt.partition_of) == p``; ``clock =
    partition_clock(their states)``; per subject: ``pairs = records_due(state)``; send every
    record (key: the subject; ``window_identity`` tells its windows apart, see
-   :mod:`.windows`); then, as a ``checkpoint.update`` applied to the row as it is when written
+   :mod:`.windows`); then, as a ``cp.update`` applied to the row as it is when written
    (increments counted during the sends are in it), ``mark_published(state, [w for w, _ in
    pairs])``; ``expire(state, clock)``. Sends first, table write last: a crash re-publishes
    (the same complete aggregates, harmless) instead of losing a publication. After a restart or

@@ -50,6 +50,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from streams.api.http import SCOPE_OPS, ApiView, authenticated, runtime_of
+from streams.runtime.faust_internals import committed_offset
 from streams.runtime.metrics import CONTENT_TYPE, metric_name
 
 if TYPE_CHECKING:
@@ -195,10 +196,9 @@ async def consumer_lag(rt: "Runtime") -> list[PartitionLag]:
     if not tps:
         return []
     consumer = app.consumer
-    committed_map = getattr(consumer, "_committed_offset", {})
     out: dict[TP, PartitionLag] = {}
     for tp in tps:
-        committed = committed_map.get(tp)  # .get: it is a defaultdict, [] would insert None
+        committed = committed_offset(consumer, tp)
         try:
             highwater = consumer.highwater(tp)
         except Exception:  # noqa: BLE001 - not assigned in aiokafka (yet): ask the broker below

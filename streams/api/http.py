@@ -45,6 +45,7 @@ from yarl import URL
 
 from streams.core.ingest import REDACTED_CONTENT
 from streams.core.vocabulary import SENSITIVITY_LEVELS, sensitivity_rank
+from streams.runtime import faust_internals
 
 if TYPE_CHECKING:
     from streams.runtime.app import Runtime
@@ -79,11 +80,13 @@ class PartitionRouter(Router):
     """Faust's router without the Kafka client's topic metadata (see the module docstring)."""
 
     def key_store(self, table_name: str, key: Any) -> URL:
-        table = self._get_table(table_name)
-        topic = self._get_table_topic(table)
-        partitions = table.changelog_topic.partitions or self.app.conf.topic_partitions
-        partition = key_partition(self._get_serialized_key(table, key), partitions)
-        url = owner_url(self._assignor.tables_metadata(), topic, partition)
+        # what Faust's `_get_table`, `_get_table_topic` and `_get_serialized_key` do, through public API
+        table = self.app.tables[table_name]
+        changelog = table.changelog_topic
+        topic = changelog.get_topic_name()
+        partitions = changelog.partitions or self.app.conf.topic_partitions
+        partition = key_partition(changelog.prepare_key(key, None)[0], partitions)
+        url = owner_url(self.app.assignor.tables_metadata(), topic, partition)
         if url is None:
             raise OwnerUnknown(f"no worker owns partition {partition} of {topic} yet")
         return URL(url)
@@ -504,6 +507,6 @@ def install_server_limits(app: Any, limits: ServerLimits) -> None:
             server.__class__ = LimitedServer
             return server
 
-    web_ = app.web
-    web_._runner = LimitedRunner(web_.web_app, access_log=None, keepalive_timeout=limits.idle_timeout_s)
+    faust_internals.install_web_runner(
+        app, lambda web_app: LimitedRunner(web_app, access_log=None, keepalive_timeout=limits.idle_timeout_s))
     ApiView.read_timeout_s = limits.read_timeout_s

@@ -21,6 +21,8 @@ from faust.web import Blueprint, Request, Response
 
 from streams.contracts import catalog
 from streams.agents.memory_store import UserContained
+from streams.agents import relay_policy
+from streams.runtime.topology import Producer
 from ..core.erasure import erase_request
 from ..core.ingest import REDACTED_CONTENT
 from ..core.limits import LimitExceeded, check_id
@@ -47,6 +49,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("memstream.memory")
 
 NEGOTIATOR_SENSITIVITY = "secret"  #: the level negotiator memories are shown at (they carry none)
+PRODUCER = Producer(
+    "memory HTTP API", __name__,
+    "Writes are records any worker accepts: erasure and negotiator requests (streams/agents/negotiator_calls.py), "
+    "relay-threshold changes.",
+    sinks=(catalog.ERASE_REQUESTS, catalog.NEGOTIATOR_REQUESTS),
+    internal_sinks=(relay_policy.TOPIC,),
+)
 
 
 blueprint = Blueprint("memory")

@@ -25,7 +25,7 @@ import faust
 from faust.types import TP
 
 from streams.contracts import catalog, deadletter
-from streams.runtime import checkpoint, codecs
+from streams.runtime import checkpoint, codecs, faust_internals
 from streams.runtime.handlers import PipelineHook, Rejected
 from streams.core.partitioning import misrouted, partition_for
 from streams.api.http import PartitionRouter, ServerLimits, install_server_limits, parse_tokens
@@ -52,7 +52,10 @@ EXIT_AGENT_FAILED = 70
 #: Dead letters are logged at info at most once per this many seconds (each one at debug).
 DLQ_LOG_INTERVAL_S = 5.0
 
-Handler = Callable[[faust.types.EventT, str, dict], Awaitable[None]]
+#: a stateful agent's handler: ``apply(cp, event, key, record)`` (streams/runtime/checkpoint.py)
+Handler = Callable[[checkpoint.Checkpoint, faust.types.EventT, str, dict], Awaitable[None]]
+#: a tick handler: ``sweep(cp, partition, now_ms)``
+TickHandler = Callable[[checkpoint.Checkpoint, int, int], Awaitable[None]]
 
 
 class Runtime:
@@ -107,8 +110,8 @@ class Runtime:
         self.app.memstream_runtime = self
         # A batch writes its table rows in one burst; Faust's default (pause the stream at 100
         # buffered messages and drain them one by one) would throttle every batch.
-        self.app.producer.buffer.max_messages = max(100, settings.batch_max * 20)
-        self.app.transport.Consumer = RebalanceSafeConsumer  # before anything creates app.consumer
+        faust_internals.set_producer_buffer_max(self.app, max(100, settings.batch_max * 20))
+        faust_internals.install_consumer_class(self.app, RebalanceSafeConsumer)  # before anything creates app.consumer
         self.inputs: dict[str, faust.TopicT] = {}
         self.outputs: dict[str, faust.TopicT] = {}
         for spec in catalog.topics():
@@ -140,6 +143,8 @@ class Runtime:
         self._dlq_unlogged = 0  # dead letters since, logged at debug only
         self.tables: dict[str, faust.types.TableT] = {}
         self._changelogs: dict[str, faust.types.TableT] = {}  # changelog topic -> its table
+        #: the checkpoint whose rows are being written (`rows_of`: a synchronous block)
+        self._writing: checkpoint.Checkpoint | None = None
         #: (name, partitions, retention ms) of the internal topics: the worker creates them first
         self.internal_topics: list[tuple[str, int, dict[str, str]]] = []
         #: the HTTP API's bearer tokens (MEMSTREAM_API_TOKENS): `ApiView` reads them through the app
@@ -167,32 +172,31 @@ class Runtime:
         # key_type (json when unset), ignoring the schema: the router would then
         # partition the key's JSON-quoted bytes and forward requests to the wrong worker, and
         # the changelog keys would not be the source key bytes. Rebuild it with UTF-8 keys.
-        table.key_serializer = codecs.KEY_CODEC
-        table.value_serializer = "json"
-        table.changelog_topic = table._new_changelog_topic()
+        changelog = faust_internals.rebuild_changelog_topic(table, codecs.KEY_CODEC, "json")
         send_changelog = table.send_changelog
-        changelog = table.changelog_topic
         self._changelogs[changelog.get_topic_name()] = table
 
         def send_changelog_tracked(partition: int | None, key: Any, value: Any, key_serializer: Any = None,
                                    value_serializer: Any = None) -> Any:
-            batch = checkpoint.current_batch()
-            if self.output_producer is None or batch is None or partition is None:
+            cp = self._writing
+            if self.output_producer is None or cp is None or partition is None:
                 # a FutureMessage: done once the broker has the row
                 fut = send_changelog(partition, key, value, key_serializer, value_serializer)
-                checkpoint.record_state_ack(fut)
+                if cp is not None:
+                    cp.record_state_ack(fut)
                 return fut
             # a batch's rows go through the output producer too (same bytes as Faust's send)
             k = changelog.prepare_key(key, key_serializer or table.key_serializer, None, None)[0]
             v = None if value is None else changelog.prepare_value(
                 value, value_serializer or table.value_serializer, None, None)[0]
-            if batch.state_deliveries is None:
-                batch.state_deliveries = self.output_producer.deliveries(on_done=self._persisted)
-                batch.state_acks.append(batch.state_deliveries)
-            self.output_producer.produce_now(batch.state_deliveries, changelog.get_topic_name(), k, v, partition)
-            return _Sent(partition)
+            if cp.state_deliveries is None:
+                cp.state_deliveries = self.output_producer.deliveries(on_done=self._persisted)
+                cp.record_state_ack(cp.state_deliveries)
+            self.output_producer.produce_now(cp.state_deliveries, changelog.get_topic_name(), k, v, partition)
+            return faust_internals.changelog_sent(partition)
 
-        table.send_changelog = send_changelog_tracked  # the batch waits for it (streams.runtime.checkpoint step 4)
+        # the checkpoint waits for it (streams.runtime.checkpoint step 4)
+        faust_internals.replace_send_changelog(table, send_changelog_tracked)
         # created by the worker before Faust subscribes, as the internal topics are: a changelog
         # missing from the consumer's metadata snapshot reads as 0 partitions, and Faust's check of
         # the first write to the table (`PartitionsMismatch`) then stops the worker
@@ -201,11 +205,22 @@ class Runtime:
         self.tables[name] = table
         return table
 
+    @contextmanager
+    def rows_of(self, cp: checkpoint.Checkpoint) -> Iterator[None]:
+        """While `cp` writes its rows (`checkpoint.Sink`): their changelog sends are its own.
+        The writes are synchronous, so no other checkpoint's rows are written meanwhile."""
+        assert self._writing is None, "rows of two checkpoints written at once"
+        self._writing = cp
+        try:
+            yield
+        finally:
+            self._writing = None
+
     def _persisted(self, offsets: dict[tuple[str, int], int]) -> None:
-        """What Faust does once it has sent a changelog row (`Collection._on_changelog_sent`):
-        remember the offset in the table's local store, so that recovery reads only what follows."""
+        """What Faust does once it has sent a changelog row, for the rows the output producer sent
+        (`faust_internals.mark_changelog_persisted`): recovery then reads only what follows."""
         for (topic, partition), offset in offsets.items():
-            self._changelogs[topic].data.set_persisted_offset(TP(topic, partition), offset)
+            faust_internals.mark_changelog_persisted(self._changelogs[topic], TP(topic, partition), offset)
 
     def internal_topic(self, suffix: str, retention: timedelta | None = None) -> faust.TopicT:
         """An internal topic `<app_id>-<suffix>` (raw bytes, the catalog's partition count),
@@ -223,7 +238,7 @@ class Runtime:
         """The partition of a UTF-8 key in every catalog topic (murmur2, as the Java client)."""
         return partition_for(key.encode(), self.settings.partitions)
 
-    def ticks(self, name: str, owner_topic: str, handler: Callable[[int, int], Awaitable[None]],
+    def ticks(self, name: str, owner_topic: str, handler: TickHandler,
               cache: checkpoint.DerivedCache | None = None, lock: asyncio.Lock | None = None) -> None:
         """A partition-local timer whose handler runs inside an event of partition p.
 
@@ -231,16 +246,17 @@ class Runtime:
         the event's partition. So the timer does not touch tables: every MEMSTREAM_TIMER_INTERVAL_S
         it sends a tick (wall-clock ms) to partition p of an internal topic for each partition p
         of `owner_topic` this worker owns; the tick topic has the same partition count and
-        subscribers, so Faust co-partitions it, and `handler(p, now_ms)` runs in that event
-        (with the outputs-first protocol of `streams.runtime.checkpoint`; pass the `cache` and `lock` of
-        the agent that owns the same state).
+        subscribers, so Faust co-partitions it, and `handler(cp, p, now_ms)` runs in that event
+        (with the outputs-first protocol of `streams.runtime.checkpoint`: it sends and stages
+        through the checkpoint `cp`; pass the `cache` and `lock` of the agent that owns the same
+        state).
         """
         lock = lock or asyncio.Lock()
         topic = self.internal_topic(f"{name}-ticks", retention=timedelta(hours=1))
 
-        async def handle(event: faust.types.EventT) -> bool:
+        async def handle(cp: checkpoint.Checkpoint, event: faust.types.EventT) -> bool:
             try:
-                await handler(event.message.partition, int(event.message.value))
+                await handler(cp, event.message.partition, int(event.message.value))
                 return True
             except Exception:  # noqa: BLE001 - a failed sweep must not stop the worker
                 log.exception("%s tick on partition %s failed", name, event.message.partition)
@@ -255,7 +271,7 @@ class Runtime:
                     await self.consistent_ids()  # a sweep writes records framed with registry ids too
                     with self.in_flight():
                         async with lock:  # the sweep's outputs first, then its table writes
-                            await checkpoint.run_batch([event], handle, cache)
+                            await checkpoint.run_batch([event], handle, cache, self)
 
         @self.app.timer(self.settings.timer_interval_s, name=f"{name}-timer")
         async def send_ticks():
@@ -268,15 +284,16 @@ class Runtime:
         """Subscribe `hook` to what the pipeline does (see streams/runtime/handlers.py)."""
         self._hooks.append(hook)
 
-    def feed_analytics(self, increments: Any) -> None:
-        """An agent reports the classified increments of the record it is handling."""
+    def feed_analytics(self, cp: checkpoint.Checkpoint, increments: Any) -> None:
+        """An agent reports the classified increments of the record it is handling (the hooks
+        stage their updates through its checkpoint `cp`)."""
         for hook in self._hooks:
-            hook.increments(increments)
+            hook.increments(cp, increments)
 
-    def erase_analytics(self, subject: str) -> None:
-        """An erasure's last step: every hook forgets `subject`."""
+    def erase_analytics(self, cp: checkpoint.Checkpoint, subject: str) -> None:
+        """An erasure's last step: every hook forgets `subject` (staged through `cp`)."""
         for hook in self._hooks:
-            hook.erase(subject)
+            hook.erase(cp, subject)
 
     def count(self, name: str, n: int = 1) -> None:
         self.metrics.inc(name, n)
@@ -286,37 +303,38 @@ class Runtime:
         return self.codecs.codec(catalog.topic(topic_name).value_schema).decode_message
 
     async def send(self, topic_name: str, key: str, value: dict | None,
-                   headers: list[tuple[str, bytes]] | None = None) -> None:
-        """Send a record to an output topic (`value` None: a tombstone). Inside a batch the
-        batch awaits its acknowledgement before its table writes (streams.runtime.checkpoint); outside one
-        this returns once the broker has it."""
+                   headers: list[tuple[str, bytes]] | None = None, cp: checkpoint.Checkpoint | None = None) -> None:
+        """Send a record to an output topic (`value` None: a tombstone). With a checkpoint `cp`
+        (a handler calls `cp.send`), its batch awaits the acknowledgement before its table writes
+        (streams.runtime.checkpoint); without one this returns once the broker has it."""
         if self.output_producer is None:
             if value is None:  # a tombstone: no codec (Avro has no "null record")
                 ack = await self.outputs[topic_name].send(key=key, value=None, headers=headers, value_serializer="raw")
             else:
                 ack = await self.outputs[topic_name].send(key=key, value=value, headers=headers)
-            checkpoint.record_ack(ack)
+            await _acknowledged(ack, cp)
         else:
             encode = self._encoders[topic_name]
-            await self._produce(topic_name, encode_key(key), None if value is None else encode(value), headers)
+            await self._produce(cp, topic_name, encode_key(key), None if value is None else encode(value), headers)
         self.metrics.inc_label("out", topic_name)
 
-    async def _produce(self, topic_name: str, key: bytes | None, value: bytes | None,
-                       headers: list[tuple[str, bytes]] | None) -> None:
-        """One encoded record through the output producer, acknowledged with the current batch."""
-        batch = checkpoint.current_batch()
-        if batch is None:
+    async def _produce(self, cp: checkpoint.Checkpoint | None, topic_name: str, key: bytes | None,
+                       value: bytes | None, headers: list[tuple[str, bytes]] | None) -> None:
+        """One encoded record through the output producer, acknowledged with `cp` (without one:
+        awaited here)."""
+        if cp is None:
             await self.output_producer.send_and_wait(topic_name, key, value, headers)
             return
-        if batch.deliveries is None:
-            batch.deliveries = self.output_producer.deliveries()
-            batch.acks.append(batch.deliveries)
-        await self.output_producer.produce(batch.deliveries, topic_name, key, value, headers)
+        if cp.deliveries is None:
+            cp.deliveries = self.output_producer.deliveries()
+            cp.record_ack(cp.deliveries)
+        await self.output_producer.produce(cp.deliveries, topic_name, key, value, headers)
 
-    async def dead_letter(self, event: faust.types.EventT, stage: str, reason: str, error_class: str,
-                          keep_value: bool = True) -> None:
-        """Send the event's record to the DLQ. `keep_value=False` drops the original value bytes
-        (a record that re-submits deleted content must not be copied anywhere)."""
+    async def dead_letter(self, cp: checkpoint.Checkpoint, event: faust.types.EventT, stage: str, reason: str,
+                          error_class: str, keep_value: bool = True) -> None:
+        """Send the event's record to the DLQ, acknowledged with `cp` (a handler calls
+        `cp.dead_letter`). `keep_value=False` drops the original value bytes (a record that
+        re-submits deleted content must not be copied anywhere)."""
         msg = event.message
         origin = deadletter.Origin(msg.topic, msg.partition, msg.offset, msg.key, msg.value if keep_value else None)
         record = deadletter.dead_letter(origin, stage=stage, reason=reason, error_class=error_class,
@@ -326,15 +344,15 @@ class Runtime:
         if self.output_producer is None:
             ack = await self.outputs[catalog.DLQ].send(key=record["original_key"], value=record,
                                                        headers=deadletter.connect_headers(record))
-            checkpoint.record_ack(ack)
+            cp.record_ack(ack)
         else:
-            await self._produce(catalog.DLQ, record["original_key"], self._encoders[catalog.DLQ](record),
+            await self._produce(cp, catalog.DLQ, record["original_key"], self._encoders[catalog.DLQ](record),
                                 deadletter.connect_headers(record))
         last_offset, index = self._dlq_index.get((msg.topic, msg.partition), (-1, -1))
         index = index + 1 if last_offset == msg.offset else 0  # the n-th dead letter of this record
         self._dlq_index[(msg.topic, msg.partition)] = (msg.offset, index)
         for hook in self._hooks:
-            hook.dead_lettered(record, int(msg.timestamp * 1000), index, msg.partition)
+            hook.dead_lettered(cp, record, int(msg.timestamp * 1000), index, msg.partition)
         self.metrics.inc_label("dlq", f"{stage}/{error_class}")
         # one line per DLQ_LOG_INTERVAL_S at info (a burst of bad records would otherwise cost
         # more in logging than in processing); every one at debug; all of them are counted
@@ -348,49 +366,50 @@ class Runtime:
             self._dlq_unlogged += 1
             log.debug("dead-lettered %s[%s]@%s at %s: %s", msg.topic, msg.partition, msg.offset, stage, reason)
 
-    async def guard(self, event: faust.types.EventT, handler: Handler) -> bool:
-        """Decode the event's key and value, run `handler`; every failure becomes a dead letter.
-        False when the handler failed unexpectedly (its partial effects must be discarded)."""
+    async def guard(self, cp: checkpoint.Checkpoint, event: faust.types.EventT, handler: Handler) -> bool:
+        """Decode the event's key and value, run `handler(cp, event, key, record)`; every failure
+        becomes a dead letter (through `cp`). False when the handler failed unexpectedly (its
+        partial effects must be discarded)."""
         msg = event.message
         self.metrics.inc_label("in", msg.topic)
         wrong = misrouted(msg.topic, msg.key, msg.partition, self.settings.partitions)
         if wrong is not None:  # its rows would land in another partition's changelog (issue 15)
-            await self.dead_letter(event, deadletter.STAGE_VALIDATE, f"{wrong.code}: {wrong.detail}", wrong.code)
+            await cp.dead_letter(deadletter.STAGE_VALIDATE, f"{wrong.code}: {wrong.detail}", wrong.code)
             return True
         try:
             key = decode_key(msg.key)
             record = await self._decode(msg.topic, msg.value, msg.headers)
         except WireFormatError as exc:
-            await self.dead_letter(event, deadletter.STAGE_DECODE, str(exc), type(exc).__name__)
+            await cp.dead_letter(deadletter.STAGE_DECODE, str(exc), type(exc).__name__)
             return True
         except Exception as exc:  # noqa: BLE001 - a codec bug on odd bytes: the record still goes to the DLQ
             log.exception("decoding %s[%s]@%s failed unexpectedly", msg.topic, msg.partition, msg.offset)
-            await self.dead_letter(event, deadletter.STAGE_DECODE, f"{type(exc).__name__}: {exc}", type(exc).__name__)
+            await cp.dead_letter(deadletter.STAGE_DECODE, f"{type(exc).__name__}: {exc}", type(exc).__name__)
             return True
         started = time.perf_counter()
         try:
-            await handler(event, key, record)
+            await handler(cp, event, key, record)
             self.metrics.observe_latency(msg.topic, time.perf_counter() - started)
         except OutputsFailed:  # not this record's fault: the whole batch fails (streams/runtime/outputs.py)
             raise
         except Rejected as exc:
-            await self.dead_letter(event, exc.stage, exc.reason, exc.rule)
+            await cp.dead_letter(exc.stage, exc.reason, exc.rule)
         except Exception as exc:  # noqa: BLE001 - a bug must not lose the record or stop the worker
             log.exception("handler failed on %s[%s]@%s", msg.topic, msg.partition, msg.offset)
-            await self.dead_letter(event, deadletter.STAGE_APPLY, f"{type(exc).__name__}: {exc}", type(exc).__name__)
+            await cp.dead_letter(deadletter.STAGE_APPLY, f"{type(exc).__name__}: {exc}", type(exc).__name__)
             return False
         return True
 
     def stateful_agent(self, channel: faust.TopicT, name: str, handler: Handler,
                        cache: checkpoint.DerivedCache | None = None, lock: asyncio.Lock | None = None) -> None:
-        """An agent that runs `handler` per event with the outputs-first protocol of
-        `streams.runtime.checkpoint` (batches of MEMSTREAM_BATCH_MAX, waiting at most MEMSTREAM_BATCH_WAIT_MS).
+        """An agent that runs `handler(cp, event, key, record)` per event with the outputs-first
+        protocol of `streams.runtime.checkpoint` (one checkpoint `cp` per batch attempt; batches of MEMSTREAM_BATCH_MAX, waiting at most MEMSTREAM_BATCH_WAIT_MS).
         `cache` is state derived from the tables (refreshed before a batch, dropped after a failed
         one); `lock` serializes its batches with other writers of the same state (timers)."""
         lock = lock or asyncio.Lock()
 
-        async def handle(event: faust.types.EventT) -> bool:
-            return await self.guard(event, handler)
+        async def handle(cp: checkpoint.Checkpoint, event: faust.types.EventT) -> bool:
+            return await self.guard(cp, event, handler)
 
         @self.app.agent(channel, name=name)
         async def run(stream):
@@ -401,7 +420,7 @@ class Runtime:
                     await self.consistent_ids()
                     with self.in_flight():
                         async with lock:
-                            await checkpoint.run_batch(list(events), handle, cache)
+                            await checkpoint.run_batch(list(events), handle, cache, self)
 
     async def consistent_ids(self) -> None:
         """Wait while the schema registry maps an id this worker used differently than before
@@ -428,8 +447,7 @@ class Runtime:
     async def hold_back(events: list[faust.types.EventT]) -> None:
         """A batch taken while the worker stops: never applied, never acknowledged (so never
         committed); this agent waits until the stop cancels it."""
-        for event in events:
-            event.message.acked = True  # Faust's consumer skips an already-acked message
+        faust_internals.mark_acked_without_commit(events)  # Faust's consumer skips an already-acked message
         await asyncio.Event().wait()
 
     async def drain(self, timeout: float = 60.0) -> None:
@@ -462,8 +480,7 @@ class Runtime:
         try:
             yield
         except BaseException as exc:
-            for event in events:
-                event.message.acked = True  # as `hold_back`: never committed
+            faust_internals.mark_acked_without_commit(events)  # as `hold_back`: never committed
             if isinstance(exc, (asyncio.CancelledError, GeneratorExit, KeyboardInterrupt, SystemExit)):
                 raise
             log.critical("agent %s failed on a batch of %d records (%s: %s); stopping the worker without "
@@ -515,14 +532,12 @@ class Runtime:
         return await asyncio.get_running_loop().run_in_executor(None, self.probe.explains, schema_id)
 
 
-class _Sent:
-    """What `Table.on_key_set` reads of a changelog send: the message's partition."""
-
-    __slots__ = ("message", "partition")
-
-    def __init__(self, partition: int) -> None:
-        self.message = self
-        self.partition = partition
+async def _acknowledged(ack: Any, cp: checkpoint.Checkpoint | None) -> None:
+    """A Faust send's acknowledgement: the checkpoint's to await, else awaited now."""
+    if cp is not None:
+        cp.record_ack(ack)
+    else:
+        await ack
 
 
 class _DrainingApp(faust.App):
@@ -548,9 +563,7 @@ def _only_documented_pages(app: faust.App) -> None:
     """Serve none of Faust's built-in blueprints, whatever the settings say (an operator's
     `APP_WEB_*_ENABLED` variable included): with stats off Faust still mounts its production
     index at `/`. Only the views memstream registers (README, "HTTP API") are served."""
-    blueprints = app.web.blueprints
-    blueprints._enabled = [(prefix, bp) for prefix, bp in blueprints._enabled
-                           if not (isinstance(bp, str) and bp.startswith("faust.web.apps."))]
+    faust_internals.drop_builtin_blueprints(app)
 
 
 def _advertised_host(settings: Settings) -> str:

@@ -20,7 +20,7 @@ and, for each batch:
    before that buffer is flushed).
 
 The source offsets are acknowledged (and later committed) only after step 4. A batch never
-grows one row group's staged bytes past a budget (`Batch.add_bytes`, called by the agent that
+grows one row group's staged bytes past a budget (`Checkpoint.add_bytes`, called by the agent that
 knows its rows): once a group is over it, the events handled so far are made durable (steps
 2-4) and the rest of the batch continues in a new one — so a row that carries a batch's other
 rows as a redo log is bounded by the budget plus one record's rows, whatever the backlog. A crash before
@@ -33,6 +33,32 @@ A handler that fails unexpectedly (a bug, not bad input) has its record dead-let
 `Runtime.guard`; the attempt's staged state is dropped, the agent's derived caches are rebuilt
 from the tables (`DerivedCache.invalidate`) and the batch runs again without that record.
 
+The checkpoint a handler gets
+-----------------------------
+`run_batch` creates one `Checkpoint` per batch attempt and hands it to the handler with every
+event: ``handler(cp, event)`` (the runtime's `stateful_agent` calls ``apply(cp, event, key,
+record)``, `Runtime.ticks` ``sweep(cp, partition, now_ms)``). Everything the handler does that
+must wait for the batch goes through it; nothing is found through an ambient variable:
+
+* ``await cp.send(topic, key, value)`` — an output record (None: a tombstone); step 1.
+* ``await cp.dead_letter(stage, reason, error_class)`` — the current event to the dead-letter topic.
+* ``cp.record_ack(ack)`` — a record the handler sent itself (e.g. to an internal topic through
+  Faust): the batch awaits ``ack`` in step 2.
+* ``cp.write(table, key, value, first=False)`` (``DELETE`` removes the row; a callable
+  ``value(cp)`` is evaluated when written), ``cp.update(table, key, fn)`` — staged for step 3.
+* ``cp.read(table, key)`` — the row as this attempt sees it (its own staged writes included);
+  ``cp.staged_rows(table, group)``; ``cp.add_bytes(group, n, budget)`` (above).
+* ``rt.feed_analytics(cp, increments)`` / ``rt.erase_analytics(cp, subject)`` — the pipeline's
+  hooks (streams/runtime/handlers.py) stage their updates through the same checkpoint.
+
+A checkpoint belongs to one attempt: once the attempt is written or dropped it is *finished*, and
+any later send, ack or staged write through it raises `CheckpointFinished` (an effect that would
+otherwise slip out of the protocol, e.g. from a task the handler left running). Two batches
+running at once (another agent, a timer) each have their own checkpoint, so neither can stage
+into, wait for, or drop the other's effects. The runtime side (`Runtime`, the `Sink` protocol)
+sends the records, and while the rows are written (step 3, synchronous: no other task runs in
+between) routes the tables' changelog acknowledgements to the checkpoint (`Sink.rows_of`).
+
 Tables with more than one writer
 --------------------------------
 Step 2 awaits the broker, so other agents' batches and timers run between a batch's reads and
@@ -43,14 +69,14 @@ writer discipline, and a table written by several agents uses one of these two:
 * **one lock**: every writer of the table runs its batches under the same `asyncio.Lock`
   (passed to `Runtime.stateful_agent` / `Runtime.ticks`), from its first read to its last
   write. The writers then never interleave; staged values are safe.
-* **updates** (`update`): a write staged as a function ``fn(row) -> row``, applied in step 3 to
+* **updates** (`Checkpoint.update`): a write staged as a function ``fn(row) -> row``, applied in step 3 to
   the row *as it is then* (a private copy of it; None when absent), after the batch's earlier
   staged writes of that key. Writers may then interleave freely as long as their functions
   commute on what they change (adding to counters does; marking "published up to revision r"
-  does). `updates_only(table)` makes `write` refuse plain values for such a table.
+  does). `updates_only(table)` makes `Checkpoint.write` refuse plain values for such a table.
 
 Which table uses which (keep this list current when adding a writer: `Runtime.tables` lists
-the tables; grep `checkpoint.write(`, `checkpoint.update(` and `feed_analytics` for their writers;
+the tables; grep `cp.write(`, `cp.update(` and `feed_analytics` for their writers;
 docs/state.md has the same list):
 
 - ``analytics``: updates. Writers: the analytics feed (`Runtime.feed_analytics`), called from
@@ -69,24 +95,28 @@ from __future__ import annotations
 import asyncio
 import copy
 import weakref
-from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterator, Protocol
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, ContextManager, Protocol
 
-from faust import streams as faust_streams
 from faust.stores.base import SerializedStore
 from faust.types import EventT, TableT
 
+from streams.runtime import faust_internals
+
 DELETE = object()  #: a staged value meaning "remove the row"
+
+
+class CheckpointFinished(RuntimeError):
+    """An effect through a checkpoint whose attempt is already written or dropped."""
 
 
 @dataclass(frozen=True)
 class Update:
     """A write computed from the row as it is when written: ``fn(row)`` gets a private copy of
     the row (None when absent) and returns the new row, or DELETE. It may run more than once
-    for one write when the batch reads the key back (`read`), so keep it free of effects other
-    than on the row (counting statistics is tolerable)."""
+    for one write when the batch reads the key back (`Checkpoint.read`), so keep it free of
+    effects other than on the row (counting statistics is tolerable)."""
 
     fn: Callable[[Any], Any]
 
@@ -95,7 +125,7 @@ class Update:
 class _Write:
     table: TableT
     key: str
-    value: Any  # a row, DELETE, an Update, or a callable(batch) -> row evaluated when written
+    value: Any  # a row, DELETE, an Update, or a callable(checkpoint) -> row evaluated when written
     event: EventT
     first: bool
 
@@ -105,14 +135,19 @@ _UPDATES_ONLY: dict[int, Callable[[], Any]] = {}
 
 
 def updates_only(table: TableT) -> TableT:
-    """Declare a table with several unsynchronized writers: `write` of a plain value (which
-    would overwrite the others' changes made since it was read) raises; use `update`."""
+    """Declare a table with several unsynchronized writers: `Checkpoint.write` of a plain value
+    (which would overwrite the others' changes made since it was read) raises; use `update`."""
     try:
         ref: Callable[[], Any] = weakref.ref(table)
     except TypeError:  # not weak-referenceable: keep it (tables live as long as the app)
         ref = lambda: table  # noqa: E731
     _UPDATES_ONLY[id(table)] = ref
     return table
+
+
+def _updates_only(table: TableT) -> bool:
+    ref = _UPDATES_ONLY.get(id(table))
+    return ref is not None and ref() is table
 
 
 def _current(table: TableT, key: str) -> Any:
@@ -122,72 +157,125 @@ def _current(table: TableT, key: str) -> Any:
     return row if isinstance(getattr(table, "data", None), SerializedStore) else copy.deepcopy(row)
 
 
-def _evaluate(value: Any, table: TableT, key: str, batch: "Batch | None") -> Any:
-    """The row a staged value stands for, now."""
-    if isinstance(value, Update):
-        return value.fn(_current(table, key))
-    if callable(value):
-        return value(batch)
-    return value
-
-
-def _then(first: Any, then: Update, batch: "Batch") -> Update:
+def _then(first: Any, then: Update, cp: "Checkpoint") -> Update:
     """`then` applied after an earlier staged value of the same key (a value, DELETE, an Update
-    or a callable(batch))."""
+    or a callable(checkpoint))."""
     def fn(row: Any) -> Any:
         if isinstance(first, Update):
             before = first.fn(row)
         elif first is DELETE:
             before = DELETE
         elif callable(first):
-            before = first(batch)
+            before = first(cp)
         else:
             before = copy.deepcopy(first)
         return then.fn(None if before is DELETE else before)
     return Update(fn)
 
 
-@dataclass
-class Batch:
-    """The held-back effects of one attempt at a batch of events."""
+#: `with in_event(event):` makes `event` Faust's current event (a table write goes to its partition).
+in_event = faust_internals.current_event
 
-    acks: list[Awaitable[Any]] = field(default_factory=list)
-    #: the last write per (table, key), in the order each key was first staged
-    writes: dict[tuple[int, str], _Write] = field(default_factory=dict)
-    #: keys staged per (table, group) for `staged_rows` (group: the key up to `group_sep`)
-    groups: dict[tuple[int, str], list[str]] = field(default_factory=dict)
-    event: EventT | None = None  #: the event being handled
-    #: changelog deliveries of `write_state` (Faust's FutureMessage per table write)
-    state_acks: list[Awaitable[Any]] = field(default_factory=list)
-    #: bytes staged per row group (`add_bytes`); `full` once one is over its budget
-    group_bytes: dict[str, int] = field(default_factory=dict)
-    full: bool = False
-    #: the acknowledgements of the records the batch sent through the worker's output producer
-    #: (streams/runtime/outputs.py: one awaitable for all of them, also in `acks`)
-    deliveries: Any = None
-    #: the same for the changelog rows of `write_state` (also in `state_acks`)
-    state_deliveries: Any = None
 
-    def add_bytes(self, group: str, n: int, budget: int) -> None:
-        """Count `n` staged bytes for a row group; over `budget`, the batch ends after this event."""
-        total = self.group_bytes[group] = self.group_bytes.get(group, 0) + n
-        if total > budget:
-            self.full = True
+class Sink(Protocol):
+    """The runtime side of a checkpoint (`streams.runtime.app.Runtime`)."""
 
-    def stage(self, table: TableT, key: str, value: Any, first: bool = False, group_sep: str = "/") -> None:
-        assert self.event is not None, "stage() outside an event"
+    async def send(self, topic: str, key: str, value: dict | None,
+                   headers: list[tuple[str, bytes]] | None = None, cp: "Checkpoint | None" = None) -> None:
+        """Send an output record; with `cp`, its acknowledgement joins the checkpoint's."""
+
+    async def dead_letter(self, cp: "Checkpoint", event: EventT, stage: str, reason: str, error_class: str,
+                          keep_value: bool = True) -> None:
+        """Send `event`'s record to the dead-letter topic, acknowledged with `cp`."""
+
+    def rows_of(self, cp: "Checkpoint") -> ContextManager[None]:
+        """While `cp` writes its rows, the tables' changelog acknowledgements are `cp`'s."""
+
+
+class Checkpoint:
+    """The held-back effects of one attempt at a batch of events (see the module docstring for
+    what a handler may do with it)."""
+
+    def __init__(self, sink: Sink | None = None) -> None:
+        self._sink = sink
+        self.event: EventT | None = None  #: the event being handled
+        self.acks: list[Awaitable[Any]] = []  #: outputs to wait for (step 2)
+        #: changelog deliveries of the row writes (step 4)
+        self.state_acks: list[Awaitable[Any]] = []
+        #: the last write per (table, key), in the order each key was first staged
+        self._writes: dict[tuple[int, str], _Write] = {}
+        #: keys staged per (table, group) for `staged_rows` (group: the key up to `group_sep`)
+        self._groups: dict[tuple[int, str], list[str]] = {}
+        #: bytes staged per row group (`add_bytes`); `full` once one is over its budget
+        self._group_bytes: dict[str, int] = {}
+        self.full = False
+        self.finished = False
+        #: the acknowledgements of the records the attempt sent through the worker's output
+        #: producer (streams/runtime/outputs.py: one awaitable for all of them, also in `acks`)
+        self.deliveries: Any = None
+        #: the same for the changelog rows it writes (also in `state_acks`)
+        self.state_deliveries: Any = None
+
+    def _open(self) -> None:
+        if self.finished:
+            raise CheckpointFinished("this batch attempt is already written or dropped: its checkpoint "
+                                     "takes no more effects")
+
+    # -- outputs (step 1, awaited in step 2)
+    async def send(self, topic: str, key: str, value: dict | None,
+                   headers: list[tuple[str, bytes]] | None = None) -> None:
+        """Send an output record (`value` None: a tombstone); the batch awaits its
+        acknowledgement before writing any row."""
+        self._open()
+        if self._sink is None:
+            raise RuntimeError("this checkpoint has no runtime to send through")
+        await self._sink.send(topic, key, value, headers, cp=self)
+
+    async def dead_letter(self, stage: str, reason: str, error_class: str, keep_value: bool = True) -> None:
+        """Send the event being handled to the dead-letter topic (`keep_value=False`: without its
+        value bytes), acknowledged with the batch's outputs."""
+        self._open()
+        if self._sink is None or self.event is None:
+            raise RuntimeError("a dead letter needs a runtime and an event being handled")
+        await self._sink.dead_letter(self, self.event, stage, reason, error_class, keep_value)
+
+    def record_ack(self, ack: Awaitable[Any]) -> None:
+        """A record sent some other way: the batch awaits `ack` before writing any row."""
+        self._open()
+        self.acks.append(ack)
+
+    def record_state_ack(self, ack: Awaitable[Any]) -> None:
+        """A changelog write of this checkpoint's rows: awaited before the offsets may be
+        acknowledged (called by the runtime while the rows are written)."""
+        self.state_acks.append(ack)
+
+    # -- staged state (written in step 3)
+    def write(self, table: TableT, key: str, value: Any, first: bool = False, group_sep: str = "/") -> None:
+        """Stage a row (DELETE: remove it; a callable ``value(cp)``: evaluated when written).
+        `first` rows are written before the others."""
+        self._open()
+        if _updates_only(table) and not isinstance(value, Update):
+            raise TypeError(f"table {getattr(table, 'name', table)!r} has several writers: "
+                            "change its rows with cp.update, not by writing a value")
+        assert self.event is not None, "a write outside an event"
         slot = (id(table), key)
-        if slot not in self.writes:
+        if slot not in self._writes:
             group = key.split(group_sep, 1)[0]
-            self.groups.setdefault((id(table), group), []).append(key)
+            self._groups.setdefault((id(table), group), []).append(key)
         elif isinstance(value, Update):
-            value = _then(self.writes[slot].value, value, self)
-        self.writes[slot] = _Write(table, key, value, self.event, first)
+            value = _then(self._writes[slot].value, value, self)
+        self._writes[slot] = _Write(table, key, value, self.event, first)
 
-    def staged(self, table: TableT, key: str, default: Any = None) -> Any:
-        """Read through the batch: the last value staged for the key (an update: applied to
+    def update(self, table: TableT, key: str, fn: Callable[[Any], Any], first: bool = False) -> None:
+        """Stage `fn(row) -> row` (or DELETE), applied to the row as it is when written, after this
+        attempt's earlier writes of the key: the discipline of a table that several agents write
+        without a common lock."""
+        self.write(table, key, Update(fn), first)
+
+    def read(self, table: TableT, key: str, default: Any = None) -> Any:
+        """Read through the attempt: the last value staged for the key (an update: applied to
         the table's row as it is now), else the table's."""
-        w = self.writes.get((id(table), key))
+        w = self._writes.get((id(table), key))
         if w is None:
             return table.get(key, default)
         value = w.value.fn(_current(table, key)) if isinstance(w.value, Update) else w.value
@@ -197,105 +285,51 @@ class Batch:
         """The last staged value of every key of `table` of the form `<group>/...` (DELETE kept;
         an update applied to the table's row as it is now)."""
         out = {}
-        for k in self.groups.get((id(table), group), ()):
+        for k in self._groups.get((id(table), group), ()):
             if k != group:
-                v = self.writes[(id(table), k)].value
+                v = self._writes[(id(table), k)].value
                 out[k] = v.fn(_current(table, k)) if isinstance(v, Update) else v
         return out
 
-    async def wait_for_outputs(self) -> None:
+    def add_bytes(self, group: str, n: int, budget: int) -> None:
+        """Count `n` staged bytes for a row group; over `budget`, the batch ends after this event."""
+        total = self._group_bytes[group] = self._group_bytes.get(group, 0) + n
+        if total > budget:
+            self.full = True
+
+    # -- the protocol (run_batch)
+    async def _wait_for_outputs(self) -> None:
         if self.acks:
             await asyncio.gather(*self.acks)
             self.acks.clear()
 
-    async def wait_for_state(self) -> None:
+    async def _wait_for_state(self) -> None:
         if self.state_acks:
             await asyncio.gather(*self.state_acks)
             self.state_acks.clear()
 
-    def write_state(self) -> None:
-        """Write the staged rows: `first` ones, then the rest; each once, with its last value."""
-        ordered = sorted(self.writes.values(), key=lambda w: not w.first)  # stable: staging order kept
-        for w in ordered:
-            with in_event(w.event):
-                value = _evaluate(w.value, w.table, w.key, self)
-                if value is DELETE:
-                    w.table.pop(w.key, None)
-                else:
-                    w.table[w.key] = value
-        self.writes.clear()
-        self.groups.clear()
+    def _evaluate(self, w: _Write) -> Any:
+        """The row a staged value stands for, now."""
+        if isinstance(w.value, Update):
+            return w.value.fn(_current(w.table, w.key))
+        if callable(w.value):
+            return w.value(self)
+        return w.value
 
-
-_CURRENT: ContextVar[Batch | None] = ContextVar("memstream_batch", default=None)
-
-
-def current_batch() -> Batch | None:
-    return _CURRENT.get()
-
-
-@contextmanager
-def in_event(event: EventT) -> Iterator[None]:
-    """Make `event` Faust's current event (a table write goes to its partition)."""
-    # faust.streams keeps the current event in a module ContextVar holding a weak reference;
-    # the Stream sets it the same way (faust-streaming 0.15.3, pinned in pyproject.toml).
-    token = faust_streams._current_event.set(weakref.ref(event))
-    try:
-        yield
-    finally:
-        faust_streams._current_event.reset(token)
-
-
-def record_ack(ack: Awaitable[Any]) -> None:
-    """Called for every send: inside a batch, the batch waits for it before writing state."""
-    batch = _CURRENT.get()
-    if batch is not None:
-        batch.acks.append(ack)
-
-
-def record_state_ack(ack: Awaitable[Any]) -> None:
-    """Called for every changelog write: inside a batch, the batch waits for it before the
-    batch's source offsets may be acknowledged."""
-    batch = _CURRENT.get()
-    if batch is not None:
-        batch.state_acks.append(ack)
-
-
-def add_bytes(group: str, n: int, budget: int) -> None:
-    """Count staged bytes of a row group in the current batch (see `Batch.add_bytes`)."""
-    batch = _CURRENT.get()
-    if batch is not None:
-        batch.add_bytes(group, n, budget)
-
-
-def write(table: TableT, key: str, value: Any, first: bool = False) -> None:
-    """Set (or, with DELETE, remove) a table row: staged inside a batch, at once outside one."""
-    ref = _UPDATES_ONLY.get(id(table))
-    if ref is not None and ref() is table and not isinstance(value, Update):
-        raise TypeError(f"table {getattr(table, 'name', table)!r} has several writers: "
-                        "change its rows with checkpoint.update, not by writing a value")
-    batch = _CURRENT.get()
-    if batch is not None:
-        batch.stage(table, key, value, first)
-        return
-    value = _evaluate(value, table, key, None)
-    if value is DELETE:
-        table.pop(key, None)
-    else:
-        table[key] = value
-
-
-def update(table: TableT, key: str, fn: Callable[[Any], Any], first: bool = False) -> None:
-    """Change a row by `fn(row) -> row` (or DELETE) applied to the row as it is when written:
-    staged inside a batch (after the batch's earlier writes of the key), at once outside one.
-    The discipline of a table that several agents write without a common lock."""
-    write(table, key, Update(fn), first)
-
-
-def read(table: TableT, key: str, default: Any = None) -> Any:
-    """A table row as the current batch sees it (its own staged writes included)."""
-    batch = _CURRENT.get()
-    return batch.staged(table, key, default) if batch is not None else table.get(key, default)
+    def _write_state(self) -> None:
+        """Write the staged rows: `first` ones, then the rest; each once, with its last value.
+        Synchronous: no other batch runs while the rows are written."""
+        ordered = sorted(self._writes.values(), key=lambda w: not w.first)  # stable: staging order kept
+        with self._sink.rows_of(self) if self._sink is not None else nullcontext():
+            for w in ordered:
+                with in_event(w.event):
+                    value = self._evaluate(w)
+                    if value is DELETE:
+                        w.table.pop(w.key, None)
+                    else:
+                        w.table[w.key] = value
+        self._writes.clear()
+        self._groups.clear()
 
 
 class DerivedCache(Protocol):
@@ -308,38 +342,38 @@ class DerivedCache(Protocol):
         """Mark stale: it holds effects that were dropped, or partitions moved."""
 
 
-async def run_batch(events: list[EventT], handle: Callable[[EventT], Awaitable[bool]],
-                    cache: DerivedCache | None = None) -> None:
-    """Run `handle` (True = handled, False = failed unexpectedly and dead-lettered) over the
-    events with the outputs-first protocol described above. The `cache` derived from the
-    tables is refreshed before each attempt and invalidated after a failed one (it holds the
-    dropped attempt's effects). An attempt that fills its batch (`Batch.full`) is made durable
-    at once and the remaining events continue in a new attempt."""
+async def run_batch(events: list[EventT], handle: Callable[[Checkpoint, EventT], Awaitable[bool]],
+                    cache: DerivedCache | None = None, sink: Sink | None = None) -> None:
+    """Run `handle(cp, event)` (True = handled, False = failed unexpectedly and dead-lettered)
+    over the events with the outputs-first protocol described above, one `Checkpoint` per
+    attempt (sending through `sink`). The `cache` derived from the tables is refreshed before
+    each attempt and invalidated after a failed one (it holds the dropped attempt's effects). An
+    attempt that fills its checkpoint (`Checkpoint.full`) is made durable at once and the
+    remaining events continue in a new attempt."""
     todo = list(events)
     while todo:
         if cache is not None:
             cache.refresh()
-        batch = Batch()
-        token = _CURRENT.set(batch)
+        cp = Checkpoint(sink)
         failed = None
         ran = len(todo)
         try:
             for i, event in enumerate(todo):
-                batch.event = event
-                if not await handle(event):
+                cp.event = event
+                if not await handle(cp, event):
                     failed = i
                     break
-                if batch.full:
+                if cp.full:
                     ran = i + 1
                     break
-            await batch.wait_for_outputs()
+            await cp._wait_for_outputs()
             if failed is None:
-                batch.write_state()
-                await batch.wait_for_state()
+                cp._write_state()
+                await cp._wait_for_state()
                 todo = todo[ran:]
                 continue
         finally:
-            _CURRENT.reset(token)
+            cp.finished = True
         # drop this attempt's state; caches are rebuilt from the tables; run the rest again
         if cache is not None:
             cache.invalidate()

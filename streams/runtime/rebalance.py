@@ -9,11 +9,17 @@ It also reads with `isolation.level=read_committed` (faust-streaming 0.15.3 hard
 read_uncommitted unless its exactly-once mode is on): the graph-log shipper writes
 `graph.events.v1` in transactions, and a batch it aborted (killed mid-transaction) must not be
 applied. Topics nobody writes transactionally read the same either way.
+
+The private methods overridden here are listed in `streams.runtime.faust_internals.CONSUMER_OVERRIDES`
+(a test allows exactly those names in this module); every private attribute read or written goes
+through a function of `streams.runtime.faust_internals`.
 """
 
 from __future__ import annotations
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
+
+from streams.runtime.faust_internals import consumer_thread, forget_buffered, is_changelog_tp, read_committed
 
 
 class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -21,7 +27,7 @@ class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 
     def _create_worker_consumer(self, transport):  # type: ignore[no-untyped-def]
         consumer = super()._create_worker_consumer(transport)
-        consumer._isolation_level = "read_committed"  # read by aiokafka when it starts its fetcher
+        read_committed(consumer)  # read by aiokafka when it starts its fetcher
         return consumer
 
 
@@ -65,14 +71,14 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
 
     def resume_partitions(self, tps) -> None:
         tps = set(tps)
-        streams = {tp for tp in tps if not self._is_changelog_tp(tp)}
+        streams = {tp for tp in tps if not is_changelog_tp(self, tp)}
         self._deferred |= streams
         super().resume_partitions(tps - streams)
 
     def pause_partitions(self, tps) -> None:
         tps = set(tps)
         self._deferred -= tps
-        self._buffered_partitions -= tps  # getmany delivers "buffered" partitions even when paused
+        forget_buffered(self, tps)  # getmany delivers "buffered" partitions even when paused
         super().pause_partitions(tps)
 
     def resume_flow(self) -> None:
@@ -88,9 +94,10 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
     async def seek_to_committed(self):
         committed = await super().seek_to_committed()
         if self.app.conf.consumer_auto_offset_reset == "earliest":
-            assigned = self._thread.assignment()
+            thread = consumer_thread(self)
+            assigned = thread.assignment()
             never = [tp for tp, offset in committed.items()
-                     if (offset is None or offset <= 0) and tp in assigned and not self._is_changelog_tp(tp)]
+                     if (offset is None or offset <= 0) and tp in assigned and not is_changelog_tp(self, tp)]
             if never:
-                await self._thread.seek_to_beginning(*never)
+                await thread.seek_to_beginning(*never)
         return committed

@@ -24,8 +24,7 @@ def run(settings: Settings) -> int:
             f"{len(missing)} catalog topic(s) missing ({', '.join(missing[:3])}…); run `memstream topics apply` first"
         )
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
-    from faust.worker import Worker
-
+    from streams.runtime import faust_internals
     from streams.runtime.app import create_runtime
     from streams.contracts.topics import ensure_internal
 
@@ -46,15 +45,12 @@ def run(settings: Settings) -> int:
 
     # until Faust sets up its logging: the probe's first checks must be heard (Faust replaces this)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s")
+    faust_internals.warn_if_unpinned(log)  # another faust-streaming/aiokafka/mode: one WARNING, not a crash
     rt.probe = WorkerProbe(settings, rt.codecs)
     rt.probe.start(cluster_id(settings))  # disk and registry ids checked before anything is consumed
 
-    class _Worker(Worker):
-        def _schedule_shutdown(self, signal) -> None:  # SIGTERM / SIGINT: bounded, whatever the state
-            if not self._signal_stop_time:
-                arm_shutdown_deadline(settings.shutdown_timeout_s)
-            super()._schedule_shutdown(signal)
-
+    # SIGTERM / SIGINT: bounded, whatever the state
+    class _Worker(faust_internals.worker_class(lambda: arm_shutdown_deadline(settings.shutdown_timeout_s))):
         def on_setup_root_logger(self, logger, level) -> None:  # Faust replaced the root handlers
             super().on_setup_root_logger(logger, level)
             rt.probe.watch_log(logger)

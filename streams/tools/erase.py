@@ -17,10 +17,13 @@ from streams.contracts import catalog
 from streams.core.erasure import erase_request
 from streams.core.limits import LimitExceeded
 from streams.core.partitioning import partition_for
+from streams.runtime.topology import Producer
 from streams.settings import Settings
 from streams.contracts.wire import encode_key
 
 KAFKA_TIMEOUT_S = 15.0
+PRODUCER = Producer("memstream erase", __name__, "`memstream erase <motebit_id>`: queues a user's erasure.",
+                    sinks=(catalog.ERASE_REQUESTS,))
 
 
 class EraseError(RuntimeError):

@@ -1,5 +1,5 @@
-"""Keeps the generated tables of README.md (topic catalog, settings) and docs/contract.md
-(limit error classes, session rule ids) equal to the code.
+"""Keeps the generated tables of README.md (topic catalog, settings, topology), docs/contract.md
+(limit error classes, session rule ids) and docs/architecture.md (topology) equal to the code.
 
 `python -m streams.tools.readme` rewrites them in place; `tests/test_docs.py` fails when they differ.
 """
@@ -14,6 +14,7 @@ from streams.settings import Settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 CONTRACT = README.parent / "docs" / "contract.md"
+ARCHITECTURE = README.parent / "docs" / "architecture.md"
 
 
 def settings_table() -> str:
@@ -44,8 +45,16 @@ def session_rules_table() -> str:
     return "\n".join(rows)
 
 
-SECTIONS = {"catalog": lambda: catalog.markdown_table(Settings()), "settings": settings_table}
+def topology_section() -> str:
+    from streams.tools import topology
+
+    return topology.markdown()
+
+
+SECTIONS = {"catalog": lambda: catalog.markdown_table(Settings()), "settings": settings_table,
+            "topology": topology_section}
 CONTRACT_SECTIONS = {"limit-codes": limit_codes_table, "session-rules": session_rules_table}
+ARCHITECTURE_SECTIONS = {"topology": topology_section}
 
 
 def render(text: str, sections: dict = SECTIONS) -> str:
@@ -58,4 +67,5 @@ def render(text: str, sections: dict = SECTIONS) -> str:
 if __name__ == "__main__":
     README.write_text(render(README.read_text()))
     CONTRACT.write_text(render(CONTRACT.read_text(), CONTRACT_SECTIONS))
-    print(f"updated {README} and {CONTRACT}")
+    ARCHITECTURE.write_text(render(ARCHITECTURE.read_text(), ARCHITECTURE_SECTIONS))
+    print(f"updated {README}, {CONTRACT} and {ARCHITECTURE}")

@@ -95,10 +95,17 @@ from streams.graphs.shipper_state import (
     position_record,
 )
 from streams.graphs.state import RECENT_IDS
+from streams.runtime.topology import Producer
 from streams.settings import Settings
 from streams.contracts.wire import CodecFactory, RegistryError, WireFormatError, encode_key
 
 log = logging.getLogger("memstream.shipper")
+
+PRODUCER = Producer(
+    "graph-log shipper", __name__,
+    "`memstream ship-graph-logs DIR`: each graph-events-*.ndjson line, and the file positions, in one transaction.",
+    sinks=(catalog.GRAPH_EVENTS, catalog.SHIPPER_POSITIONS, catalog.DLQ),
+)
 
 READ_BYTES = 256 * 1024  # bytes read from a file per poll (a longer single line is still read whole)
 DLQ_PARTITION = -1  # a file line has no partition

@@ -11,6 +11,7 @@ is the real `streams.agents.analytics.register`; only the Runtime around it is f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from types import SimpleNamespace
 
@@ -82,9 +83,9 @@ class FakeRuntime:
     def add_hook(self, hook) -> None:
         self.hooks.append(hook)
 
-    def feed_analytics(self, increments) -> None:
+    def feed_analytics(self, cp, increments) -> None:
         for hook in self.hooks:
-            hook.increments(increments)
+            hook.increments(cp, increments)
 
     def partition_of(self, key: str) -> int:
         return 0
@@ -95,29 +96,33 @@ class FakeRuntime:
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + n
 
-    async def send(self, topic: str, key: str, value: dict) -> None:
+    # the runtime side of a checkpoint (streams.runtime.checkpoint.Sink)
+    async def send(self, topic: str, key: str, value: dict, headers=None, cp=None) -> None:
         if self.gate is not None:
             self.held.set()
             await self.gate.wait()
         self.sent.append((topic, key, value))
         fut = asyncio.get_running_loop().create_future()
         fut.set_result(None)
-        checkpoint.record_ack(fut)
+        cp.record_ack(fut)
+
+    def rows_of(self, cp):
+        return contextlib.nullcontext()
 
     # what Runtime.ticks / Runtime.stateful_agent do around a handler
     async def tick(self, partition: int, offset: int, now_ms: int = NOW + 5_000) -> None:
-        async def handle(_ev) -> bool:
-            await self.tick_handler(partition, now_ms)
+        async def handle(cp, _ev) -> bool:
+            await self.tick_handler(cp, partition, now_ms)
             return True
 
-        await checkpoint.run_batch([Event(partition, offset)], handle)
+        await checkpoint.run_batch([Event(partition, offset)], handle, sink=self)
 
     async def batch(self, partition: int, offset: int, increments: list[Increment]) -> None:
-        async def handle(_ev) -> bool:
-            self.feed_analytics(increments)
+        async def handle(cp, _ev) -> bool:
+            self.feed_analytics(cp, increments)
             return True
 
-        await checkpoint.run_batch([Event(partition, offset)], handle)
+        await checkpoint.run_batch([Event(partition, offset)], handle, sink=self)
 
 
 def formed(i: int, subject: str = USER, t: int = NOW + 1_000) -> Increment:
@@ -209,16 +214,16 @@ def test_every_feeder_adds_to_the_row_as_it_is_when_written():
         started = asyncio.Event()
 
         async def slow_batch():
-            async def handle(_ev) -> bool:
-                rt.feed_analytics([formed(10)])
+            async def handle(cp, _ev) -> bool:
+                rt.feed_analytics(cp, [formed(10)])
                 started.set()
                 fut = asyncio.get_running_loop().create_future()
-                checkpoint.record_ack(fut)
+                cp.record_ack(fut)
                 await release.wait()
                 fut.set_result(None)
                 return True
 
-            await checkpoint.run_batch([Event(0, 1)], handle)
+            await checkpoint.run_batch([Event(0, 1)], handle, sink=rt)
 
         first = asyncio.create_task(slow_batch())
         await asyncio.wait_for(started.wait(), 5)

@@ -1,11 +1,14 @@
-"""The outputs-first protocol (streams/checkpoint.py), without a broker: tables are dicts that
-record the order and the event context of every write; acks are futures resolved by the test."""
+"""The outputs-first protocol (streams/runtime/checkpoint.py), without a broker: tables are dicts
+that record the order and the event context of every write; acks are futures resolved by the
+test; the handler gets the attempt's checkpoint `cp` and does everything through it."""
 
 from __future__ import annotations
 
 import asyncio
+from contextlib import contextmanager
 from types import SimpleNamespace
 
+import pytest
 from faust.streams import current_event
 from hypothesis import given
 from hypothesis import strategies as st
@@ -39,18 +42,50 @@ class Event:
 event = Event
 
 
+class Sink:
+    """The runtime side of a checkpoint (`checkpoint.Sink`): records what each checkpoint sent
+    and dead-lettered; `acks` are futures the test resolves (None: acknowledged at once)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[object, str, str, object]] = []
+        self.dead: list[tuple[object, object, str]] = []
+        self.acks: dict[str, asyncio.Future] = {}
+        self.writing = None  # the checkpoint whose rows are being written
+        self.written_by: list[object] = []
+
+    async def send(self, topic, key, value, headers=None, cp=None) -> None:
+        self.sent.append((cp, topic, key, value))
+        ack = self.acks.get(key)
+        if ack is None:
+            ack = asyncio.get_running_loop().create_future()
+            ack.set_result(None)
+        cp.record_ack(ack)
+
+    async def dead_letter(self, cp, event, stage, reason, error_class, keep_value=True) -> None:
+        self.dead.append((cp, event, error_class))
+
+    @contextmanager
+    def rows_of(self, cp):
+        assert self.writing is None
+        self.writing = cp
+        self.written_by.append(cp)
+        try:
+            yield
+        finally:
+            self.writing = None
+
+
 def test_rows_are_written_once_first_rows_first_in_the_last_staging_event():
     log: list = []
     nodes, aux = Table(log), Table(log)
     e1, e2 = event(1, 10), event(1, 11)
 
-    async def handle(ev) -> bool:
-        b = checkpoint.current_batch()
-        checkpoint.write(nodes, f"u/n{ev.message.offset}", {"v": ev.message.offset})
-        checkpoint.write(nodes, "u/shared", {"v": ev.message.offset})
-        checkpoint.write(aux, "u", lambda batch: {"pending": sorted(batch.staged_rows(nodes, "u"))}, first=True)
-        assert checkpoint.read(nodes, "u/shared") == {"v": ev.message.offset}  # reads its own writes
-        assert b is not None and not log  # nothing written while the batch runs
+    async def handle(cp, ev) -> bool:
+        cp.write(nodes, f"u/n{ev.message.offset}", {"v": ev.message.offset})
+        cp.write(nodes, "u/shared", {"v": ev.message.offset})
+        cp.write(aux, "u", lambda written: {"pending": sorted(written.staged_rows(nodes, "u"))}, first=True)
+        assert cp.read(nodes, "u/shared") == {"v": ev.message.offset}  # reads its own writes
+        assert cp.event is ev and not log  # nothing written while the batch runs
         return True
 
     asyncio.run(checkpoint.run_batch([e1, e2], handle))
@@ -67,11 +102,11 @@ def test_state_is_written_only_after_every_output_is_acknowledged():
     async def scenario():
         loop = asyncio.get_running_loop()
 
-        async def handle(ev) -> bool:
+        async def handle(cp, ev) -> bool:
             ack = loop.create_future()
             acks.append(ack)
-            checkpoint.record_ack(ack)
-            checkpoint.write(table, "k", ev.message.offset)
+            cp.record_ack(ack)
+            cp.write(table, "k", ev.message.offset)
             return True
 
         task = asyncio.create_task(checkpoint.run_batch([event(0, 1), event(0, 2)], handle))
@@ -93,9 +128,9 @@ def test_an_unexpected_failure_drops_the_attempt_and_reruns_the_rest_without_tha
     seen: list[int] = []
     calls = {"prepare": 0, "failure": 0}
 
-    async def handle(ev) -> bool:
+    async def handle(cp, ev) -> bool:
         seen.append(ev.message.offset)
-        checkpoint.write(table, f"k{ev.message.offset}", ev.message.offset)
+        cp.write(table, f"k{ev.message.offset}", ev.message.offset)
         return ev.message.offset != 2  # offset 2 is a "bug": dead-lettered by guard
 
     class Cache:
@@ -111,40 +146,28 @@ def test_an_unexpected_failure_drops_the_attempt_and_reruns_the_rest_without_tha
     assert calls == {"prepare": 2, "failure": 1}
 
 
-def test_outside_a_batch_writes_happen_at_once():
-    log: list = []
-    table = Table(log)
-
-    async def scenario():
-        with checkpoint.in_event(event(3, 0)):
-            checkpoint.write(table, "k", 1)
-            checkpoint.write(table, "k", checkpoint.DELETE)
-
-    asyncio.run(scenario())
-    assert log == [("k", 1, 3), ("k", checkpoint.DELETE, 3)] and "k" not in table
-
-
 def test_a_batch_returns_only_after_its_changelog_writes_are_acknowledged():
     """Step 4: the batch's source offsets may be acknowledged only once the broker has the rows
     (Faust's buffered changelog sends; a stopping worker could commit offsets before them)."""
     log: list = []
     changelog: list[asyncio.Future] = []
+    sink = Sink()
 
     class ChangelogTable(Table):
         def __setitem__(self, key, value):
             super().__setitem__(key, value)
             fut = asyncio.get_running_loop().create_future()
             changelog.append(fut)
-            checkpoint.record_state_ack(fut)
+            sink.writing.record_state_ack(fut)
 
     table = ChangelogTable(log)
 
     async def scenario():
-        async def handle(ev) -> bool:
-            checkpoint.write(table, f"k{ev.message.offset}", ev.message.offset)
+        async def handle(cp, ev) -> bool:
+            cp.write(table, f"k{ev.message.offset}", ev.message.offset)
             return True
 
-        task = asyncio.create_task(checkpoint.run_batch([event(0, 1), event(0, 2)], handle))
+        task = asyncio.create_task(checkpoint.run_batch([event(0, 1), event(0, 2)], handle, sink=sink))
         await asyncio.sleep(0.01)
         assert len(log) == 2 and not task.done()  # rows written, not yet on the broker
         changelog[0].set_result(None)
@@ -159,23 +182,24 @@ def test_a_batch_returns_only_after_its_changelog_writes_are_acknowledged():
 def test_a_failed_changelog_write_fails_the_batch():
     """A row the broker refuses is an agent failure (the worker stops without committing)."""
     table = Table([])
+    sink = Sink()
 
     class Refused(Table):
         def __setitem__(self, key, value):
             super().__setitem__(key, value)
             fut = asyncio.get_running_loop().create_future()
             fut.set_exception(RuntimeError("MessageSizeTooLarge"))
-            checkpoint.record_state_ack(fut)
+            sink.writing.record_state_ack(fut)
 
     refused = Refused([])
 
-    async def handle(ev) -> bool:
-        checkpoint.write(refused, "k", 1)
-        checkpoint.write(table, "j", 1)
+    async def handle(cp, ev) -> bool:
+        cp.write(refused, "k", 1)
+        cp.write(table, "j", 1)
         return True
 
     try:
-        asyncio.run(checkpoint.run_batch([event(0, 1)], handle))
+        asyncio.run(checkpoint.run_batch([event(0, 1)], handle, sink=sink))
     except RuntimeError as exc:
         assert "MessageSizeTooLarge" in str(exc)
     else:
@@ -191,19 +215,19 @@ def _sized_batch(sizes: list[int], budget: int) -> tuple[list[list[int]], list[i
     current: list[int] = []
     redo_bytes: list[int] = []
 
-    async def handle(ev) -> bool:
+    async def handle(cp, ev) -> bool:
         n = sizes[ev.message.offset]
         current.append(ev.message.offset)
-        checkpoint.write(table, f"u/n{ev.message.offset}", n)
+        cp.write(table, f"u/n{ev.message.offset}", n)
 
-        def aux(batch):
+        def aux(written):
             durable.append(list(current))
             current.clear()
-            redo_bytes.append(sum(v for v in batch.staged_rows(table, "u").values()))
+            redo_bytes.append(sum(v for v in written.staged_rows(table, "u").values()))
             return {}
 
-        checkpoint.write(table, "u", aux, first=True)
-        checkpoint.add_bytes("u", n, budget)
+        cp.write(table, "u", aux, first=True)
+        cp.add_bytes("u", n, budget)
         return True
 
     asyncio.run(checkpoint.run_batch([event(0, i) for i in range(len(sizes))], handle))
@@ -242,16 +266,16 @@ def test_an_update_applies_to_the_row_as_it_is_when_written_after_the_batch_own_
         nonlocal release
         release = asyncio.get_running_loop().create_future()
 
-        async def slow(ev) -> bool:
-            checkpoint.update(table, "n", add(10))
-            checkpoint.update(table, "n", add(100))  # composed after the first
-            assert checkpoint.read(table, "n") == {"count": 111}  # read-through, nothing written
+        async def slow(cp, ev) -> bool:
+            cp.update(table, "n", add(10))
+            cp.update(table, "n", add(100))  # composed after the first
+            assert cp.read(table, "n") == {"count": 111}  # read-through, nothing written
             assert table["n"] == {"count": 1}
-            checkpoint.record_ack(release)
+            cp.record_ack(release)
             return True
 
-        async def quick(ev) -> bool:
-            checkpoint.update(table, "n", add(1000))
+        async def quick(cp, ev) -> bool:
+            cp.update(table, "n", add(1000))
             return True
 
         task = asyncio.create_task(checkpoint.run_batch([event(0, 1)], slow))
@@ -276,31 +300,108 @@ def test_an_update_after_a_staged_value_or_delete_builds_on_it_and_sees_a_privat
         row["count"] += 1  # in place: it must be a copy
         return row
 
-    async def handle(ev) -> bool:
-        checkpoint.write(table, "a", {"count": 40})
-        checkpoint.update(table, "a", bump)
-        checkpoint.write(table, "d", checkpoint.DELETE)
-        checkpoint.update(table, "d", bump)
-        checkpoint.update(table, "n", bump)
+    async def handle(cp, ev) -> bool:
+        cp.write(table, "a", {"count": 40})
+        cp.update(table, "a", bump)
+        cp.write(table, "d", checkpoint.DELETE)
+        cp.update(table, "d", bump)
+        cp.update(table, "n", bump)
         return True
 
     asyncio.run(checkpoint.run_batch([event(2, 1)], handle))
     assert table["a"] == {"count": 41} and table["d"] == {"count": 1} and table["n"] == {"count": 6}
     assert stored == {"count": 5}  # the table's own object was not changed in place
 
-    with checkpoint.in_event(event(2, 2)):  # outside a batch: at once
-        checkpoint.update(table, "n", bump)
+    async def again(cp, ev) -> bool:
+        cp.update(table, "n", bump)
+        return True
+
+    asyncio.run(checkpoint.run_batch([event(2, 2)], again))
     assert table["n"] == {"count": 7}
 
 
 def test_a_table_declared_updates_only_refuses_plain_writes():
     table = checkpoint.updates_only(Table([]))
-    with checkpoint.in_event(event(0, 0)):
+
+    async def handle(cp, ev) -> bool:
         try:
-            checkpoint.write(table, "k", {"count": 1})
+            cp.write(table, "k", {"count": 1})
         except TypeError as exc:
-            assert "checkpoint.update" in str(exc)
+            assert "cp.update" in str(exc)
         else:
             raise AssertionError("a plain write to an updates-only table was accepted")
-        checkpoint.update(table, "k", lambda row: {"count": 1})
+        cp.update(table, "k", lambda row: {"count": 1})
+        return True
+
+    asyncio.run(checkpoint.run_batch([event(0, 0)], handle))
     assert table["k"] == {"count": 1}
+
+
+def test_effects_go_through_the_checkpoint_of_their_attempt_and_a_finished_one_takes_none():
+    """Every send and dead letter names its checkpoint; once the attempt is written or dropped,
+    its checkpoint refuses any further effect (e.g. from a task the handler left running)."""
+    sink = Sink()
+    table = Table([])
+    kept: list = []
+
+    async def handle(cp, ev) -> bool:
+        await cp.send("out", f"k{ev.message.offset}", {"v": 1})
+        if ev.message.offset == 2:
+            await cp.dead_letter("validate", "bad", "rule")
+        cp.write(table, f"k{ev.message.offset}", ev.message.offset)
+        kept.append(cp)
+        return ev.message.offset != 3  # 3: a bug, its attempt is dropped
+
+    asyncio.run(checkpoint.run_batch([event(0, 1), event(0, 2), event(0, 3)], handle, sink=sink))
+    first, second = kept[0], kept[-1]
+    assert first is kept[1] is kept[2] and second is not first  # one checkpoint per attempt
+    assert [(cp, key) for cp, _t, key, _v in sink.sent] == [(first, "k1"), (first, "k2"), (first, "k3"),
+                                                           (second, "k1"), (second, "k2")]
+    assert [(cp, ev.message.offset, rule) for cp, ev, rule in sink.dead] == [(first, 2, "rule"), (second, 2, "rule")]
+    assert sink.written_by == [second] and sorted(table) == ["k1", "k2"]  # the dropped attempt wrote nothing
+    for cp in (first, second):
+        assert cp.finished
+        with pytest.raises(checkpoint.CheckpointFinished):
+            asyncio.run(cp.send("out", "late", {"v": 2}))
+        with pytest.raises(checkpoint.CheckpointFinished):
+            cp.write(table, "late", 1)
+        with pytest.raises(checkpoint.CheckpointFinished):
+            cp.record_ack(object())
+    assert "late" not in table and len(sink.sent) == 5
+
+
+def test_two_batches_at_once_keep_their_effects_apart():
+    """Two agents' batches interleave (each awaits the broker while the other runs): each waits
+    only for its own outputs, writes only its own rows, and a failure of one drops only its own."""
+    sink = Sink()
+    log: list = []
+    table = Table(log)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        sink.acks["a"] = loop.create_future()  # batch A's output stays unacknowledged for a while
+        started = asyncio.Event()
+
+        async def batch_a(cp, ev) -> bool:
+            await cp.send("out", "a", {"v": 1})
+            cp.write(table, "a", 1)
+            started.set()
+            return True
+
+        async def batch_b(cp, ev) -> bool:
+            await cp.send("out", "b", {"v": 2})
+            cp.write(table, f"b{ev.message.offset}", 2)
+            return ev.message.offset != 6  # 6 fails: only B's attempt is dropped
+
+        task = asyncio.create_task(checkpoint.run_batch([event(0, 1)], batch_a, sink=sink))
+        await started.wait()
+        await checkpoint.run_batch([event(1, 5), event(1, 6)], batch_b, sink=sink)
+        assert log == [("b5", 2, 1)] and not task.done()  # B wrote without waiting for A's output
+        sink.acks["a"].set_result(None)
+        await task
+
+    asyncio.run(scenario())
+    assert log == [("b5", 2, 1), ("a", 1, 0)]  # each row in its own batch's event
+    a_cp = next(cp for cp, _t, key, _v in sink.sent if key == "a")
+    assert all(cp is not a_cp for cp, _t, key, _v in sink.sent if key == "b")
+    assert len(sink.written_by) == 2 and len(set(map(id, sink.written_by))) == 2

@@ -95,12 +95,11 @@ def test_a_batch_whose_outputs_fail_writes_no_state():
     class Event:
         pass
 
-    async def handle(event) -> bool:
-        batch = checkpoint.current_batch()
-        d = batch.deliveries = Deliveries(asyncio.get_running_loop())
-        batch.acks.append(d)
+    async def handle(cp, event) -> bool:
+        d = cp.deliveries = Deliveries(asyncio.get_running_loop())
+        cp.record_ack(d)
         d.produced()
-        checkpoint.write(table, "row", {"applied": True})
+        cp.write(table, "row", {"applied": True})
         threading.Timer(0.01, d.delivered, (KafkaError(KafkaError.REQUEST_TIMED_OUT), None)).start()
         return True
 

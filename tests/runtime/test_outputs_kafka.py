@@ -123,7 +123,7 @@ def test_librdkafka_keys_land_where_partition_for_says(stack, unique):
 
 
 class _Table(dict):
-    """A stand-in table (effects only calls get / [] / pop on it)."""
+    """A stand-in table (the checkpoint only calls get / [] / pop on it)."""
 
     name = "t"
 
@@ -139,17 +139,16 @@ def test_a_refused_output_keeps_the_batch_from_writing_its_state(stack, unique):
     out = OutputProducer.for_worker(stack.broker, "test-outputs", 5, 1_000_000)
     table = _Table()
 
-    class Event:  # what effects needs of a Faust event: something to hold a weak reference to
+    class Event:  # what the checkpoint needs of a Faust event: something to hold a weak reference to
         pass
 
-    async def handle(event) -> bool:
-        batch = checkpoint.current_batch()
-        if batch.deliveries is None:
-            batch.deliveries = out.deliveries()
-            batch.acks.append(batch.deliveries)
-        await out.produce(batch.deliveries, topic, b"k", b"small")
-        await out.produce(batch.deliveries, topic, b"k", b"x" * 5000)  # refused by the broker
-        checkpoint.write(table, "row", {"applied": True})
+    async def handle(cp, event) -> bool:
+        if cp.deliveries is None:
+            cp.deliveries = out.deliveries()
+            cp.record_ack(cp.deliveries)
+        await out.produce(cp.deliveries, topic, b"k", b"small")
+        await out.produce(cp.deliveries, topic, b"k", b"x" * 5000)  # refused by the broker
+        cp.write(table, "row", {"applied": True})
         return True
 
     async def run() -> None:

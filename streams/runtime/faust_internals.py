@@ -1,0 +1,326 @@
+"""The ONE module that touches private Faust, aiokafka and mode attributes (issue 16).
+
+memstream works around, or builds on, behaviour of faust-streaming 0.15.3, aiokafka 0.14.0 and
+mode-streaming 0.7.1 that those libraries do not offer as public API (each function below says
+which private name of which version it uses, and why memstream needs it). Everything else in
+`streams/` calls these functions; a test (tests/runtime/test_faust_internals.py) scans every
+other module for the names in `WRAPPED_PRIVATE_NAMES` and for assignments to the attributes in
+`PATCHED_ATTRIBUTES`, so a new use cannot slip in elsewhere.
+
+One exception, by choice: `streams/runtime/rebalance.py` keeps its two subclasses of Faust's
+aiokafka consumer and consumer thread, because fixing Faust's rebalance defects means overriding
+private methods (a subclass must spell their names: moving the classes here would make this module
+the rebalance fix rather than a thin adapter). The private methods they override are listed once,
+here, in `CONSUMER_OVERRIDES`; the test allows exactly those names in rebalance.py, and every
+private attribute they *read or write* goes through a function of this module.
+
+`PINNED` is the set of versions these were read in and verified against. Another installed version
+fails tests/runtime/test_faust_internals.py loudly, and the worker logs one WARNING at start
+(`warn_if_unpinned`; it does not refuse to start). rocksdict is used through its public API only
+(`Rdict.get`, `items(from_key=...)`, `iter()`), so it is not listed.
+
+Not covered here: aiohttp internals (`RequestHandler._manager`, `AppRunner._make_server`, ...) in
+`streams/api/http.py`'s server limits; they are aiohttp's, not Faust's.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from contextlib import contextmanager
+from importlib import metadata
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+
+from faust import streams as _faust_streams
+
+if TYPE_CHECKING:
+    import faust
+    from faust.types import TP, EventT, TableT
+
+#: The versions whose private APIs this module was read against (the exact pins of pyproject.toml).
+PINNED: dict[str, str] = {
+    "faust-streaming": "0.15.3",
+    "aiokafka": "0.14.0",
+    "mode-streaming": "0.7.1",
+}
+
+#: (where, private name) of every private attribute used below, `where` an importable
+#: `module` or `module:Class` of the pinned versions (the test checks each still exists there).
+PRIVATE_API: tuple[tuple[str, str], ...] = (
+    ("faust.streams", "_current_event"),
+    ("faust.transport.consumer:Consumer", "_committed_offset"),
+    ("faust.transport.consumer:Consumer", "_buffered_partitions"),
+    ("faust.transport.consumer:Consumer", "_is_changelog_tp"),
+    ("faust.transport.consumer:ThreadDelegateConsumer", "_thread"),
+    ("faust.tables.base:Collection", "_new_changelog_topic"),
+    ("faust.stores.rocksdb:Store", "_dbs"),
+    ("faust.stores.rocksdb:Store", "_db_for_partition"),
+    ("faust.stores.base:Store", "_decode_value"),
+    ("faust.web.base:BlueprintManager", "_enabled"),
+    ("faust.web.drivers.aiohttp:Web", "_runner"),
+    ("aiokafka.consumer.consumer:AIOKafkaConsumer", "_isolation_level"),
+    ("mode.worker:Worker", "_schedule_shutdown"),
+    ("mode.worker:Worker", "_signal_stop_time"),
+)
+
+#: The private methods `streams/runtime/rebalance.py` overrides (and calls through `super()`).
+CONSUMER_OVERRIDES: tuple[tuple[str, str], ...] = (
+    ("faust.transport.drivers.aiokafka:AIOKafkaConsumerThread", "_create_worker_consumer"),
+    ("faust.transport.drivers.aiokafka:Consumer", "_new_consumer_thread"),
+    ("faust.transport.consumer:Consumer", "_reset_state"),
+    ("faust.transport.consumer:Consumer", "_getmany"),
+)
+
+#: Private names no module of `streams/` but this one (and rebalance.py, for `CONSUMER_OVERRIDES`) spells.
+WRAPPED_PRIVATE_NAMES: tuple[str, ...] = tuple(sorted({name for _, name in PRIVATE_API + CONSUMER_OVERRIDES}))
+
+#: Public attributes of Faust objects that memstream replaces (monkeypatches) on an instance or a
+#: class: assigned here only.
+PATCHED_ATTRIBUTES: tuple[str, ...] = (
+    "Consumer", "acked", "changelog_topic", "key_serializer", "max_messages", "send_changelog", "value_serializer")
+
+#: Faust's built-in web apps (tables, router, stats, graph, metrics pages) are blueprints named so.
+_BUILTIN_BLUEPRINTS = "faust.web.apps."
+
+
+# ------------------------------------------------------------------------------------------------
+# versions
+# ------------------------------------------------------------------------------------------------
+
+
+def installed_versions(dists: Iterable[str] = PINNED) -> dict[str, str | None]:
+    """The installed version of each distribution (None: not installed)."""
+    out: dict[str, str | None] = {}
+    for dist in dists:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def version_mismatches(installed: Mapping[str, str | None], pinned: Mapping[str, str] = PINNED) -> list[str]:
+    """One message per pinned distribution whose installed version differs (none when all match)."""
+    return [f"{dist} {installed.get(dist) or '(not installed)'} is installed but memstream relies on private "
+            f"internals of {dist} {version}: review streams/runtime/faust_internals.py"
+            for dist, version in pinned.items() if installed.get(dist) != version]
+
+
+def warn_if_unpinned(log: logging.Logger, installed: Mapping[str, str | None] | None = None) -> list[str]:
+    """At worker start: one WARNING naming every mismatch (the worker still starts). `installed`:
+    the installed versions (default: `installed_versions()`)."""
+    problems = version_mismatches(installed_versions() if installed is None else installed)
+    if problems:
+        log.warning("unverified library versions: %s", "; ".join(problems))
+    return problems
+
+
+# ------------------------------------------------------------------------------------------------
+# events and acknowledgements
+# ------------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def current_event(event: EventT) -> Iterator[None]:
+    """Make `event` Faust's current event while the block runs.
+
+    faust-streaming 0.15.3: `faust.streams._current_event`, a module ContextVar holding a weak
+    reference to the event (set the same way by `Stream.__aiter__`). A table write goes to the
+    changelog partition of the current event; memstream writes a batch's staged rows after the
+    batch's outputs are acknowledged (streams/runtime/checkpoint.py), outside the stream's loop, so
+    it sets each row's event itself."""
+    token = _faust_streams._current_event.set(weakref.ref(event))
+    try:
+        yield
+    finally:
+        _faust_streams._current_event.reset(token)
+
+
+def mark_acked_without_commit(events: Iterable[EventT]) -> None:
+    """Mark the events' messages acknowledged without telling the consumer, so their offsets are
+    never committed (a restart or the partition's next owner reads them again).
+
+    faust-streaming 0.15.3: `Consumer.ack` returns at once for a message whose `acked` is set, and
+    `Stream.take_events` acknowledges every taken event when the agent leaves the batch, even by an
+    exception; memstream needs a batch it did not apply never to be committed."""
+    for event in events:
+        event.message.acked = True
+
+
+# ------------------------------------------------------------------------------------------------
+# consumer
+# ------------------------------------------------------------------------------------------------
+
+
+def install_consumer_class(app: faust.App, cls: type) -> None:
+    """Make `cls` the consumer class of the app's transport (before anything creates
+    `app.consumer`).
+
+    faust-streaming 0.15.3 has no setting for the consumer class of the `kafka://` transport:
+    `Transport.Consumer` is a class attribute. memstream installs its rebalance-safe consumer
+    (streams/runtime/rebalance.py)."""
+    app.transport.Consumer = cls
+
+
+def committed_offset(consumer: Any, tp: TP) -> int | None:
+    """The offset Faust last committed (or read as committed) for `tp`; None when it knows none.
+
+    faust-streaming 0.15.3: `Consumer._committed_offset`, a defaultdict (read with `.get`: `[]`
+    would insert None). Read by `/metrics` (consumer lag) without a broker round trip."""
+    return getattr(consumer, "_committed_offset", {}).get(tp)
+
+
+def forget_buffered(consumer: Any, tps: set[TP]) -> None:
+    """Drop `tps` from the partitions Faust treats as buffered.
+
+    faust-streaming 0.15.3: `Consumer._buffered_partitions`; `getmany` delivers records of a
+    "buffered" partition even while it is paused (rebalance.py's `pause_partitions`)."""
+    consumer._buffered_partitions -= tps
+
+
+def is_changelog_tp(consumer: Any, tp: TP) -> bool:
+    """Whether `tp` is a table changelog partition (faust-streaming 0.15.3 `Consumer._is_changelog_tp`):
+    rebalance.py defers resuming stream partitions only, never changelogs."""
+    return bool(consumer._is_changelog_tp(tp))
+
+
+def consumer_thread(consumer: Any) -> Any:
+    """The consumer's aiokafka thread (faust-streaming 0.15.3 `ThreadDelegateConsumer._thread`):
+    rebalance.py asks it for the assignment and seeks partitions there to their beginning."""
+    return consumer._thread
+
+
+def read_committed(aiokafka_consumer: Any) -> None:
+    """Make an aiokafka consumer read with `isolation.level=read_committed`.
+
+    aiokafka 0.14.0: `AIOKafkaConsumer._isolation_level`, read when it starts its fetcher;
+    faust-streaming 0.15.3 passes read_uncommitted unless its exactly-once mode is on, and the
+    graph-log shipper's aborted transactions must not be applied (docs/shipper.md)."""
+    aiokafka_consumer._isolation_level = "read_committed"
+
+
+# ------------------------------------------------------------------------------------------------
+# tables and their changelogs
+# ------------------------------------------------------------------------------------------------
+
+
+def rebuild_changelog_topic(table: TableT, key_serializer: str, value_serializer: str) -> Any:
+    """Give the table these serializers and rebuild its changelog topic with them; returns the topic.
+
+    faust-streaming 0.15.3 builds the changelog topic in the table's constructor with serializers
+    derived from `key_type` (JSON when unset), ignoring the schema; `Collection._new_changelog_topic`
+    builds it again. memstream needs the changelog keys to be the source key bytes (routing and the
+    changelog partition hash them)."""
+    table.key_serializer = key_serializer
+    table.value_serializer = value_serializer
+    table.changelog_topic = table._new_changelog_topic()
+    return table.changelog_topic
+
+
+def replace_send_changelog(table: TableT, send: Callable[..., Any]) -> None:
+    """Route the table's changelog writes through `send(partition, key, value, key_serializer,
+    value_serializer)`, which returns what `changelog_sent` returns (or Faust's FutureMessage).
+
+    faust-streaming 0.15.3: `Table.on_key_set` / `on_key_del` call `send_changelog` and read only
+    the returned message's partition; memstream makes a batch wait for its rows (and may send them
+    through its own producer, streams/runtime/outputs.py)."""
+    table.send_changelog = send
+
+
+class _ChangelogSent:
+    """What `Table.on_key_set` reads of a changelog send: the message's partition."""
+
+    __slots__ = ("message", "partition")
+
+    def __init__(self, partition: int) -> None:
+        self.message = self
+        self.partition = partition
+
+
+def changelog_sent(partition: int) -> Any:
+    """A stand-in for Faust's FutureMessage of a changelog row sent by other means (faust-streaming
+    0.15.3 `Table.on_key_set` reads `fut.message.partition`, nothing else)."""
+    return _ChangelogSent(partition)
+
+
+def mark_changelog_persisted(table: TableT, tp: TP, offset: int) -> None:
+    """What Faust does once it has sent a changelog row (faust-streaming 0.15.3
+    `Collection._on_changelog_sent`): remember the offset in the table's local store, so that
+    recovery reads only what follows. Needed for rows memstream sends itself."""
+    table.data.set_persisted_offset(tp, offset)
+
+
+def rocksdb_store(table: TableT) -> Any | None:
+    """The table's RocksDB store (rocksdict driver), or None for any other store.
+
+    faust-streaming 0.15.3 `faust/stores/rocksdb.py`: one `rocksdict.Rdict` per partition in
+    `Store._dbs`, opened by `Store._db_for_partition`. memstream reads one user's rows by a prefix
+    scan instead of every row of the table (streams/agents/state_scan.py)."""
+    store = table.data
+    if hasattr(store, "_dbs") and getattr(store, "use_rocksdict", False) and hasattr(store, "_db_for_partition"):
+        return store
+    return None
+
+
+def rocksdb_partition_db(store: Any, partition: int) -> Any:
+    """The partition's Rdict (raw keys and values), opened if Faust has not yet, as its own `_get`
+    does (faust-streaming 0.15.3 `Store._db_for_partition`)."""
+    return store._db_for_partition(partition)
+
+
+def rocksdb_open_partitions(store: Any) -> list[int]:
+    """The partitions whose Rdict is open (faust-streaming 0.15.3 `Store._dbs`; standby copies too)."""
+    return list(store._dbs)
+
+
+def rocksdb_value_decoder(store: Any) -> Callable[[bytes], Any]:
+    """The store's decoder of a stored value (faust-streaming 0.15.3 `Store._decode_value`: the
+    table's value serializer)."""
+    return store._decode_value
+
+
+# ------------------------------------------------------------------------------------------------
+# app, web server, producer, worker
+# ------------------------------------------------------------------------------------------------
+
+
+def set_producer_buffer_max(app: faust.App, messages: int) -> None:
+    """Let the producer buffer `messages` before it pauses the stream to flush them one by one
+    (faust-streaming 0.15.3 `ProducerBuffer.max_messages`, 100, no setting). A batch writes its
+    table rows in one burst; the default would throttle every batch."""
+    app.producer.buffer.max_messages = messages
+
+
+def drop_builtin_blueprints(app: faust.App) -> None:
+    """Serve none of Faust's built-in web apps, whatever the settings say (an operator's
+    `APP_WEB_*_ENABLED` variable included): with stats off Faust still mounts its production
+    index at `/`. faust-streaming 0.15.3: `BlueprintManager._enabled`, the (prefix, blueprint)
+    pairs it will mount (docs/threat-model.md)."""
+    blueprints = app.web.blueprints
+    blueprints._enabled = [(prefix, bp) for prefix, bp in blueprints._enabled
+                           if not (isinstance(bp, str) and bp.startswith(_BUILTIN_BLUEPRINTS))]
+
+
+def install_web_runner(app: faust.App, make_runner: Callable[[Any], Any]) -> None:
+    """Replace the aiohttp `AppRunner` of the app's web server by `make_runner(web_app)` (before the
+    server starts). faust-streaming 0.15.3 `faust.web.drivers.aiohttp.Web._runner`, built as
+    `AppRunner(web_app, access_log=None)` with no limits: memstream needs timeouts and a connection
+    cap (streams/api/http.py `install_server_limits`)."""
+    app.web._runner = make_runner(app.web.web_app)
+
+
+def worker_class(on_first_stop_signal: Callable[[], None]) -> type:
+    """A `faust.Worker` subclass that calls `on_first_stop_signal()` at the first SIGTERM/SIGINT.
+
+    mode-streaming 0.7.1: `Worker._schedule_shutdown(signal)` handles both signals and sets
+    `Worker._signal_stop_time` at the first. memstream arms a bounded shutdown deadline there
+    (streams/runtime/probe.py `arm_shutdown_deadline`)."""
+    from faust.worker import Worker
+
+    class _BoundedStopWorker(Worker):
+        def _schedule_shutdown(self, signal: Any) -> None:
+            if not self._signal_stop_time:
+                on_first_stop_signal()
+            super()._schedule_shutdown(signal)
+
+    return _BoundedStopWorker
