@@ -1,7 +1,7 @@
 """Faust agents: each module registers its tables, agents and timers on the Runtime.
 
 `register_all` is the composition root of a worker: the agents first, then the HTTP API areas
-that read their state (streams/api/)."""
+that read their state (streams/api/: one Faust blueprint per area, `api_areas`)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,15 @@ def consumed_topics() -> list[str]:
     return [t for p in processors() for t in p.sources]
 
 
+def api_areas():
+    """The HTTP API areas (streams/api/), each one Faust blueprint (`module.blueprint`)."""
+    from streams.api import analytics, dashboard, graphs, health, memory, sessions
+
+    return [memory, sessions, graphs, analytics, dashboard, health]
+
+
 def register_all(rt: Runtime) -> None:
     from streams.agents import analytics, graphs, memory, sessions
-    from streams.api import dashboard, health
     from streams.api import memory as memory_api
     from streams.runtime import topology
 
@@ -35,6 +41,6 @@ def register_all(rt: Runtime) -> None:
     graphs.register(rt)
     sessions.register(rt)
     topology.check(rt, processors())  # what they registered is what they declare (once, at start)
-    memory_api.register(rt, agent.store, agent.policy_topic, agent.calls)
-    health.register(rt)
-    dashboard.register(rt)
+    memory_api.attach(rt.app, agent)  # the memory views read and send through the memory agent
+    for area in api_areas():
+        area.blueprint.register(rt.app)

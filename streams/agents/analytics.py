@@ -1,5 +1,6 @@
-"""Windowed activity analytics → memory.analytics.v1 and the analytics HTTP API.
-The rules (classification, event-time windows, lateness, expiry) are in `streams/analytics`.
+"""Windowed activity analytics → memory.analytics.v1. The rules (classification, event-time
+windows, lateness, expiry) are in `streams/analytics`; the HTTP views of the `analytics` table in
+streams/api/analytics.py.
 
 Other agents feed increments with `rt.feed_analytics(cp, increments)` (the runtime hands them to
 this agent's hook, `Runtime.add_hook`) inside the event they are processing, with the checkpoint
@@ -35,27 +36,17 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-from faust.web import Request, Response
-
 from streams.analytics import (
-    HOUR,
-    MINUTE,
     add_increment,
     classify_dead_letter,
     expire,
     is_expired,
     mark_published,
-    merge_summaries,
     new_state,
     partition_clock,
     records_due,
     subject_partition,
-    summarize,
-    windows_of,
 )
-from streams.analytics import to_record as window_record
-from streams.api.http import BadRequest, authenticated, parse_ms
 from streams.contracts import catalog
 from streams.runtime import checkpoint
 from streams.runtime.topology import Processor, Timer
@@ -71,12 +62,9 @@ PROCESSOR = Processor(
     timers=(Timer("analytics", catalog.MEMORY_CANDIDATES, "publish the changed windows, expire old ones"),),
     sinks=(catalog.MEMORY_ANALYTICS,),
 )
-WINDOW_PARAM = {"1m": MINUTE, "1h": HOUR}
-PEER_TIMEOUT_S = 5.0  # a fleet summary asks every other worker for its part
 
 
 def register(rt: Runtime) -> None:
-    app = rt.app
     table = checkpoint.updates_only(rt.table("analytics"))
 
     def feed(cp: checkpoint.Checkpoint, increments: Iterable) -> None:
@@ -140,51 +128,3 @@ def register(rt: Runtime) -> None:
         return any(is_expired(w["window"], w["start"], clock) for w in state["windows"].values())
 
     rt.ticks("analytics", catalog.MEMORY_CANDIDATES, publish)
-
-    # registered first: aiohttp matches in order, so /summary is not taken for a motebit_id
-    @app.page("/v1/analytics/summary")
-    class FleetSummary(rt.View):  # type: ignore[name-defined]
-        @authenticated
-        async def get(self, request: Request, allowed: str) -> Response:
-            """This worker's subjects; with ?scope=fleet, merged with every other worker's."""
-            size = WINDOW_PARAM.get(request.query.get("window", "1h"))
-            if size is None:
-                return self.error(400, "window must be 1m or 1h")
-            local = summarize((st for _s, st in table.items()), window=size)
-            if request.query.get("scope") != "fleet":
-                return self.reply(local)
-            parts = [local]
-            here = str(app.conf.canonical_url).rstrip("/")
-            for url in sorted({str(u).rstrip("/") for u in rt.app.router.tables_metadata()} - {here}):
-                try:
-                    async with app.http_client.get(
-                            f"{url}/v1/analytics/summary?window={request.query.get('window', '1h')}",
-                            headers={"Authorization": request.headers.get("Authorization", "")},
-                            timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as r:
-                        if r.status != 200:  # a fleet total without a worker's part would be wrong
-                            return self.unavailable(f"worker {url} answered {r.status}; retry")
-                        parts.append(await r.json())
-                except (TimeoutError, aiohttp.ClientError) as exc:
-                    return self.unavailable(f"worker {url} did not answer ({type(exc).__name__}); retry")
-            return self.reply(merge_summaries(parts))
-
-    @app.page("/v1/analytics/{motebit_id}")
-    class UserAnalytics(rt.View):  # type: ignore[name-defined]
-        @authenticated
-        async def get(self, request: Request, motebit_id: str, allowed: str) -> Response:
-            return await self.route(request, table, motebit_id, lambda: self._local(request, motebit_id))
-
-        async def _local(self, request: Request, motebit_id: str) -> Response:
-            size = WINDOW_PARAM.get(request.query.get("window", "1m"))
-            if size is None:
-                return self.error(400, "window must be 1m or 1h")
-            try:
-                lo = parse_ms(request.query, "from", 0)
-                hi = parse_ms(request.query, "to", 2**62)
-            except BadRequest as exc:
-                return self.error(400, str(exc))
-            state = table.get(motebit_id)
-            windows = [window_record(motebit_id, w) for w in windows_of(state, size)] if state else []
-            windows = [w for w in windows if lo <= w["window_start"] < hi]
-            return self.reply({"motebit_id": motebit_id, "window": request.query.get("window", "1m"),
-                               "windows": windows})

@@ -5,7 +5,7 @@ changelog partition is the source partition); outputs are acknowledged before th
 (streams/runtime/checkpoint.py: the handlers send and stage through the batch's checkpoint `cp`).
 A partition-local timer (`Runtime.ticks`)
 re-evaluates stall flags on the graphs of each owned partition and republishes the graphs whose
-flags changed.
+flags changed. The HTTP view of a graph's state is in streams/api/graphs.py.
 """
 
 from __future__ import annotations
@@ -13,10 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from faust.web import Request, Response
-
 from streams.analytics import classify_graph_budget
-from streams.api.http import authenticated
 from streams.contracts import catalog
 from streams.core.limits import id_problem, quote
 from streams.graphs import state as graph_state
@@ -40,7 +37,7 @@ PROCESSOR = Processor(
 
 
 def register(rt: Runtime) -> None:
-    app, s = rt.app, rt.settings
+    s = rt.settings
     table = rt.table("graph-state")
     limits = s.limits()
 
@@ -79,15 +76,3 @@ def register(rt: Runtime) -> None:
                 cp.write(table, key, marked)
 
     rt.ticks("graph-stall", catalog.GRAPH_EVENTS, stall_sweep, lock=lock)
-
-    @app.page("/v1/graphs/{graph_id}")
-    class GraphView(rt.View):  # type: ignore[name-defined]
-        @authenticated
-        async def get(self, request: Request, graph_id: str, allowed: str) -> Response:
-            return await self.route(request, table, graph_id, lambda: self._local(graph_id))
-
-        async def _local(self, graph_id: str) -> Response:
-            st = table.get(graph_id)
-            if st is None:
-                return self.error(404, f"no graph {graph_id}")
-            return self.reply(graph_state.to_record(st))

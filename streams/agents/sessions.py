@@ -28,16 +28,15 @@ the batch's checkpoint `cp`), so a crash part-way re-processes the event
 rather than finding it already in the table with its outputs missing. Re-processing is
 deterministic (same state, same outputs), so the effect is at-least-once delivery of identical
 records — the compacted ledger topic converges.
+
+The HTTP view of the ledger is in streams/api/sessions.py.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from faust.web import Request, Response
-
 from streams.analytics import classify_compaction
-from streams.api.http import authenticated
 from streams.contracts import catalog, deadletter
 from streams.core.limits import id_problem
 from streams.runtime import checkpoint
@@ -63,7 +62,6 @@ VALIDATE_RULES = (SESSION_MISMATCH, "event.over_limit")
 
 
 def register(rt: Runtime) -> None:
-    app = rt.app
     table = rt.table(TABLE)
     limits = rt.settings.limits()
 
@@ -87,15 +85,3 @@ def register(rt: Runtime) -> None:
         cp.write(table, key, new)
 
     rt.stateful_agent(rt.inputs[catalog.SESSION_EVENTS], "session-ledger-agent", handle)
-
-    @app.page("/v1/sessions/{session_id}/compactions")
-    class SessionCompactions(rt.View):  # type: ignore[name-defined]
-        @authenticated
-        async def get(self, request: Request, session_id: str, allowed: str) -> Response:
-            return await self.route(request, table, session_id, lambda: self._local(session_id))
-
-        async def _local(self, session_id: str) -> Response:
-            state = table.get(session_id)
-            if state is None:
-                return self.error(404, f"no session {session_id}")
-            return self.reply(lifecycle.to_record(state))

@@ -1,4 +1,5 @@
-"""The operator's dashboard: `GET /dashboard` (a static page) and `GET /v1/dashboard/data` (JSON).
+"""The operator's dashboard (`blueprint`, area "dashboard"): `GET /dashboard` (a static page) and
+`GET /v1/dashboard/data` (JSON).
 
 `/dashboard` serves `streams/web/dashboard.html`: one self-contained file (inline CSS and JS,
 charts drawn as inline SVG by its own code, no external library, nothing fetched from outside
@@ -23,7 +24,7 @@ it: counts only, no content) gathers what the page shows:
   totals over every graph; `sessions`: the session-ledger table: tokensSaved per session, top
   `TOP`, plus totals;
 - `lag`: consumer lag per owned input partition (committed offset vs high watermark), read the
-  same way as `/metrics` (`streams/agents/ops.py: consumer_lag`);
+  same way as `/metrics` (`streams/api/health.py: consumer_lag`);
 - `top_users`: the most active users (fleet summary), for the page's user picker.
 
 `?top=N` (1..200, default 15) sets how many graphs, sessions and users are listed; the page
@@ -50,12 +51,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import orjson
-from faust.web import Request, Response, View
+from faust.web import Blueprint, Request, Response, View
 
 from streams.analytics import HOUR, MINUTE, merge_summaries, subject_partition, summarize
 from streams.analytics.summary import summarize_records
 from streams.analytics.windows import EVENT_COUNTERS, MINUTE_MS
-from streams.api.http import authenticated
+from streams.api.health import consumer_lag
+from streams.api.http import ApiView, authenticated
 from streams.contracts import catalog
 
 if TYPE_CHECKING:
@@ -150,7 +152,7 @@ def local_part(*, worker: str, url: str, analytics_states: Iterable[Mapping[str,
         "hour": summarize(states, window=HOUR, top=top),
         "graphs": _graphs_block((graph_item(s) for s in graph_states if s is not None), top),
         "sessions": _sessions_block((session_item(s) for s in session_states if s is not None), top),
-        "lag": lags,  # None: this worker cannot tell (ops module missing)
+        "lag": lags,  # None: this worker cannot tell (the broker did not answer in time)
         "pipeline": {
             "records_in": int(sum(counters.get("in", {}).values())),
             "dead_letters": int(sum(counters.get("dlq", {}).values())),
@@ -262,119 +264,123 @@ def assemble(parts: list[Mapping[str, Any]], *, now_ms: int, user: str | None = 
 # --------------------------------------------------------------------------- the shell
 
 
-def register(rt: Runtime) -> None:
+def _actives_of(rt: Runtime, table_name: str) -> set[int]:
+    topic = rt.tables[table_name].changelog_topic.get_topic_name()
+    return {tp.partition for tp in rt.app.assignor.assigned_actives() if tp.topic == topic}
+
+
+def _owned(rt: Runtime, table_name: str, partition_of) -> list[Any]:
+    """Values of `table_name` in the partitions this worker owns actively (not standbys)."""
+    if table_name not in rt.tables:
+        return []
+    mine = _actives_of(rt, table_name)
+    out = []
+    for key, value in list(rt.tables[table_name].items()):
+        p = partition_of(key)
+        if p is None or p in mine:
+            out.append(value)
+    return out
+
+
+async def _lags(rt: Runtime) -> list[dict[str, Any]] | None:
+    try:
+        got = await asyncio.wait_for(consumer_lag(rt), LAG_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001 - the page still shows the rest
+        log.warning("dashboard: consumer lag unavailable (%s)", exc)
+        return None
+    inputs = {t.name for t in catalog.topics() if t.direction == "in"}
+    return [{"topic": p.topic, "partition": p.partition, "committed": p.committed, "highwater": p.highwater,
+             "lag": p.lag, "worker": rt.worker_name} for p in got if p.topic in inputs]
+
+
+async def _part(rt: Runtime, top: int) -> dict[str, Any]:
+    return local_part(
+        worker=rt.worker_name, url=_here(rt.app),
+        analytics_states=_owned(rt, "analytics", lambda s: subject_partition(s, rt.partition_of)),
+        graph_states=_owned(rt, "graph-state", rt.partition_of),
+        session_states=_owned(rt, "session-ledger", rt.partition_of),
+        lags=await _lags(rt), counters=rt.metrics.counters, top=top)
+
+
+def _here(app: Any) -> str:
+    return str(app.conf.canonical_url).rstrip("/")
+
+
+async def _peer_get(app: Any, url: str, auth: str) -> Any:
+    async def go():
+        async with app.http_client.get(url, headers={"Authorization": auth}) as r:
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}")
+            return orjson.loads(await r.read())
+    return await asyncio.wait_for(go(), PEER_TIMEOUT_S)
+
+
+async def _user_summaries(rt: Runtime, user: str, auth: str) -> tuple[dict, dict]:
+    """(minute, hour) summaries of one user's windows, from the worker that owns them."""
     app = rt.app
     try:
-        from streams.api.health import consumer_lag
-    except ImportError:  # pragma: no cover - the ops module ships with the worker
-        consumer_lag = None  # type: ignore[assignment]
-    inputs = {t.name for t in catalog.topics() if t.direction == "in"}
+        dest = app.router.key_store("analytics", user)
+    except KeyError:
+        raise RuntimeError("partition owner unknown (rebalancing); retry") from None
+    if (dest.host, dest.port) == (app.conf.canonical_url.host, app.conf.canonical_url.port):
+        state = rt.tables["analytics"].get(user)
+        states = [state] if state is not None else []
+        return summarize(states, window=MINUTE), summarize(states, window=HOUR)
+    base = f"{str(dest).rstrip('/')}/v1/analytics/{quote(user, safe='')}"
+    m, h = await asyncio.gather(_peer_get(app, f"{base}?window=1m", auth), _peer_get(app, f"{base}?window=1h", auth))
+    return (summarize_records(m["windows"], window=MINUTE), summarize_records(h["windows"], window=HOUR))
 
-    def actives_of(table_name: str) -> set[int]:
-        topic = rt.tables[table_name].changelog_topic.get_topic_name()
-        return {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == topic}
 
-    def owned(table_name: str, partition_of) -> list[Any]:
-        """Values of `table_name` in the partitions this worker owns actively (not standbys)."""
-        if table_name not in rt.tables:
-            return []
-        mine = actives_of(table_name)
-        out = []
-        for key, value in list(rt.tables[table_name].items()):
-            p = partition_of(key)
-            if p is None or p in mine:
-                out.append(value)
-        return out
+blueprint = Blueprint("dashboard")
 
-    async def lags() -> list[dict[str, Any]] | None:
-        if consumer_lag is None:
-            return None
+
+@blueprint.route("/dashboard")
+class DashboardPage(View):  # no auth: the page holds no data, it asks for a token
+    async def get(self, request: Request) -> Response:
         try:
-            got = await asyncio.wait_for(consumer_lag(rt), LAG_TIMEOUT_S)
-        except Exception as exc:  # noqa: BLE001 - the page still shows the rest
-            log.warning("dashboard: consumer lag unavailable (%s)", exc)
-            return None
-        return [{"topic": p.topic, "partition": p.partition, "committed": p.committed, "highwater": p.highwater,
-                 "lag": p.lag, "worker": rt.worker_name} for p in got if p.topic in inputs]
+            html = PAGE.read_text(encoding="utf-8")  # noqa: ASYNC240 - a small local file, read per page view
+        except OSError as exc:
+            return self.text(f"dashboard page missing: {exc}", status=500)
+        return self.html(html, headers=dict(PAGE_HEADERS))
 
-    async def part(top: int) -> dict[str, Any]:
-        return local_part(
-            worker=rt.worker_name, url=here(),
-            analytics_states=owned("analytics", lambda s: subject_partition(s, rt.partition_of)),
-            graph_states=owned("graph-state", rt.partition_of),
-            session_states=owned("session-ledger", rt.partition_of),
-            lags=await lags(), counters=rt.metrics.counters, top=top)
 
-    def here() -> str:
-        return str(app.conf.canonical_url).rstrip("/")
-
-    async def peer_get(url: str, auth: str) -> Any:
-        async def go():
-            async with app.http_client.get(url, headers={"Authorization": auth}) as r:
-                if r.status != 200:
-                    raise RuntimeError(f"HTTP {r.status}")
-                return orjson.loads(await r.read())
-        return await asyncio.wait_for(go(), PEER_TIMEOUT_S)
-
-    async def user_summaries(user: str, auth: str) -> tuple[dict, dict]:
-        """(minute, hour) summaries of one user's windows, from the worker that owns them."""
+@blueprint.route("/v1/dashboard/data")
+class DashboardData(ApiView):
+    @authenticated  # any level may read it: counts only, never content
+    async def get(self, request: Request, allowed: str) -> Response:
+        rt, app = self.runtime, self.app
+        scope = request.query.get("scope", "fleet")
+        if scope not in ("fleet", "local"):
+            return self.problem(400, "scope must be fleet or local")
+        user = request.query.get("user") or None
         try:
-            dest = app.router.key_store("analytics", user)
-        except KeyError:
-            raise RuntimeError("partition owner unknown (rebalancing); retry") from None
-        if (dest.host, dest.port) == (app.conf.canonical_url.host, app.conf.canonical_url.port):
-            state = rt.tables["analytics"].get(user)
-            states = [state] if state is not None else []
-            return summarize(states, window=MINUTE), summarize(states, window=HOUR)
-        base = f"{str(dest).rstrip('/')}/v1/analytics/{quote(user, safe='')}"
-        m, h = await asyncio.gather(peer_get(f"{base}?window=1m", auth), peer_get(f"{base}?window=1h", auth))
-        return (summarize_records(m["windows"], window=MINUTE), summarize_records(h["windows"], window=HOUR))
-
-    @app.page("/dashboard")
-    class DashboardPage(View):  # no auth: the page holds no data, it asks for a token
-        async def get(self, request: Request) -> Response:
+            top = int(request.query.get("top", TOP))
+        except ValueError:
+            return self.problem(400, "top must be an integer")
+        if not 1 <= top <= TOP_MAX:
+            return self.problem(400, f"top must be 1..{TOP_MAX}")
+        if scope == "local":
+            return self.reply(await _part(rt, top))
+        auth = request.headers.get("Authorization", "")
+        mine = await _part(rt, top)
+        parts = [mine]
+        workers = [{"worker": mine["worker"], "url": mine["url"], "ok": True}]
+        peers = sorted({str(u).rstrip("/") for u in app.router.tables_metadata()} - {_here(app)})
+        answers = await asyncio.gather(*(_peer_get(app, f"{u}/v1/dashboard/data?scope=local&top={top}", auth)
+                                         for u in peers), return_exceptions=True)
+        for url, ans in zip(peers, answers, strict=True):
+            if isinstance(ans, BaseException):
+                workers.append({"worker": None, "url": url, "ok": False,
+                                "error": f"{type(ans).__name__}: {ans}" if str(ans) else type(ans).__name__})
+            else:
+                parts.append(ans)
+                workers.append({"worker": ans.get("worker"), "url": url, "ok": True})
+        summaries = None
+        if user is not None:
             try:
-                html = PAGE.read_text(encoding="utf-8")  # noqa: ASYNC240 - a small local file, read per page view
-            except OSError as exc:
-                return self.text(f"dashboard page missing: {exc}", status=500)
-            return self.html(html, headers=dict(PAGE_HEADERS))
-
-    @app.page("/v1/dashboard/data")
-    class DashboardData(rt.View):  # type: ignore[name-defined]
-        @authenticated  # any level may read it: counts only, never content
-        async def get(self, request: Request, allowed: str) -> Response:
-            scope = request.query.get("scope", "fleet")
-            if scope not in ("fleet", "local"):
-                return self.error(400, "scope must be fleet or local")
-            user = request.query.get("user") or None
-            try:
-                top = int(request.query.get("top", TOP))
-            except ValueError:
-                return self.error(400, "top must be an integer")
-            if not 1 <= top <= TOP_MAX:
-                return self.error(400, f"top must be 1..{TOP_MAX}")
-            if scope == "local":
-                return self.reply(await part(top))
-            auth = request.headers.get("Authorization", "")
-            mine = await part(top)
-            parts = [mine]
-            workers = [{"worker": mine["worker"], "url": mine["url"], "ok": True}]
-            peers = sorted({str(u).rstrip("/") for u in app.router.tables_metadata()} - {here()})
-            answers = await asyncio.gather(*(peer_get(f"{u}/v1/dashboard/data?scope=local&top={top}", auth) for u in peers),
-                                           return_exceptions=True)
-            for url, ans in zip(peers, answers, strict=True):
-                if isinstance(ans, BaseException):
-                    workers.append({"worker": None, "url": url, "ok": False,
-                                    "error": f"{type(ans).__name__}: {ans}" if str(ans) else type(ans).__name__})
-                else:
-                    parts.append(ans)
-                    workers.append({"worker": ans.get("worker"), "url": url, "ok": True})
-            summaries = None
-            if user is not None:
-                try:
-                    summaries = await user_summaries(user, auth)
-                except Exception as exc:  # noqa: BLE001
-                    return self.unavailable(f"analytics of {user} unavailable: {exc}")
-            data = assemble(parts, now_ms=int(time.time() * 1000), user=user, user_summaries=summaries,  # type: ignore[arg-type]
-                            workers=workers, top=top)
-            return self.reply(data)
+                summaries = await _user_summaries(rt, user, auth)
+            except Exception as exc:  # noqa: BLE001
+                return self.unavailable(f"analytics of {user} unavailable: {exc}")
+        data = assemble(parts, now_ms=int(time.time() * 1000), user=user, user_summaries=summaries,  # type: ignore[arg-type]
+                        workers=workers, top=top)
+        return self.reply(data)

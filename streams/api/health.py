@@ -1,4 +1,5 @@
-"""The operator's view of one worker: `GET /metrics` (Prometheus) and `GET /health`.
+"""The operator's view of one worker (`blueprint`, area "health"): `GET /metrics` (Prometheus),
+`GET /health` and `GET /v1/cluster/assignment` (scope `ops`).
 
 Both are served by every worker on its web port WITHOUT authentication, so that Prometheus and a
 load balancer / orchestrator can call them: they expose counts, offsets and table sizes, never
@@ -44,11 +45,11 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from faust.types import TP
-from faust.web import Request, Response, View
+from faust.web import Blueprint, Request, Response, View
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from streams.api.http import SCOPE_OPS, authenticated
+from streams.api.http import SCOPE_OPS, ApiView, authenticated, runtime_of
 from streams.runtime.faust_internals import committed_offset
 from streams.runtime.metrics import CONTENT_TYPE, metric_name
 
@@ -316,38 +317,45 @@ class WorkerCollector(Collector):
         return worker_families(h, self.lags if h.status != "stopping" else [], self.sizes.get(self.rt))
 
 
-def register(rt: Runtime) -> None:
-    app = rt.app
-    collector = WorkerCollector(rt)
-    rt.metrics.registry.register(collector)
+blueprint = Blueprint("health")
 
-    @app.page("/metrics")
-    class MetricsView(View):  # no auth: Prometheus scrapes it (counts only, no content)
-        async def get(self, request: Request) -> Response:
-            await collector.refresh()
-            return self.bytes(rt.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
-    @app.page("/v1/cluster/assignment")
-    class AssignmentView(rt.View):  # type: ignore[name-defined]  # the `ops` scope: worker URLs are topology, not for tenants
-        @authenticated(scope=SCOPE_OPS)
-        async def get(self, request: Request, allowed: str) -> Response:
-            """{worker url: {changelog topic: [active partitions]}}: which worker owns which key
-            (the partition of a key is murmur2 of its UTF-8 bytes modulo the partition count)."""
-            dist = rt.app.router.tables_metadata()
-            return self.reply({str(url): {t: sorted(p) for t, p in topics.items()} for url, topics in dist.items()})
+@blueprint.route("/metrics")
+class MetricsView(View):  # no auth: Prometheus scrapes it (counts only, no content)
+    def __post_init__(self) -> None:
+        # one per app (a view is created once per app): its worker's registry collects it
+        self.collector = WorkerCollector(runtime_of(self.app))
+        self.collector.rt.metrics.registry.register(self.collector)
 
-    @app.page("/health")
-    class HealthView(View):  # no auth: for load balancers, orchestrators and `memstream status`
-        async def get(self, request: Request) -> Response:  # readiness (kept at /health for compatibility)
-            h = health(rt)
-            body = {**asdict(h), "ready": h.ready}
-            return self.json(body, status=200 if h.ready else 503)
+    async def get(self, request: Request) -> Response:
+        await self.collector.refresh()
+        return self.bytes(self.collector.rt.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
-    @app.page("/health/ready")
-    class ReadyView(HealthView):  # the same answer under its explicit name
-        pass
 
-    @app.page("/health/live")
-    class LiveView(View):  # liveness: the process and its event loop answer (restart it when they do not)
-        async def get(self, request: Request) -> Response:
-            return self.json({"status": "alive", "worker": rt.worker_name})
+@blueprint.route("/v1/cluster/assignment")
+class AssignmentView(ApiView):  # the `ops` scope: worker URLs are topology, not for tenants
+    @authenticated(scope=SCOPE_OPS)
+    async def get(self, request: Request, allowed: str) -> Response:
+        """{worker url: {changelog topic: [active partitions]}}: which worker owns which key
+        (the partition of a key is murmur2 of its UTF-8 bytes modulo the partition count)."""
+        dist = self.app.router.tables_metadata()
+        return self.reply({str(url): {t: sorted(p) for t, p in topics.items()} for url, topics in dist.items()})
+
+
+@blueprint.route("/health")
+class HealthView(View):  # no auth: for load balancers, orchestrators and `memstream status`
+    async def get(self, request: Request) -> Response:  # readiness (kept at /health for compatibility)
+        h = health(runtime_of(self.app))
+        body = {**asdict(h), "ready": h.ready}
+        return self.json(body, status=200 if h.ready else 503)
+
+
+@blueprint.route("/health/ready")
+class ReadyView(HealthView):  # the same answer under its explicit name
+    pass
+
+
+@blueprint.route("/health/live")
+class LiveView(View):  # liveness: the process and its event loop answer (restart it when they do not)
+    async def get(self, request: Request) -> Response:
+        return self.json({"status": "alive", "worker": runtime_of(self.app).worker_name})

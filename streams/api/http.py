@@ -6,9 +6,13 @@ sensitivity level (anything above it, and every value derived from it, is "[REDA
 null: `mask_node`), carries write scopes (`admin`: relay thresholds, `negotiator`: remember /
 forget, `ops`: the cluster assignment) and may be bound to users. A request without a valid
 token gets 401; one whose token lacks the scope or may not act for the route's user gets 403
-(`authenticated`, `permit`). Views subclass `ApiView`.
+(`authenticated`, `permit`). Views subclass `ApiView`; each API area is one Faust blueprint in
+streams/api/ (memory, sessions, graphs, analytics, dashboard, health), registered on the worker's
+app by the composition root (`streams.agents.register_all`). A blueprint's views are created once
+per app and reach that worker's `Runtime` through it (`runtime_of`, `ApiView.runtime`): its
+tables, its settings and its token table.
 
-Routing (one path for every view, `ApiView.route`): the partition of a key is murmur2 of its
+Routing (one path for every view, `ApiView.answer_at_owner`): the partition of a key is murmur2 of its
 changelog key bytes modulo the table's partition count — computed here, not asked of the Kafka
 client (Faust's own router asks the producer for the changelog topic's metadata, which it only has
 once this worker has written to that topic: on a fresh stack that was a `TypeError` and a 500) —
@@ -31,7 +35,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import wraps
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -43,6 +47,9 @@ from yarl import URL
 from streams.core.ingest import REDACTED_CONTENT
 from streams.core.vocabulary import SENSITIVITY_LEVELS, sensitivity_rank
 from streams.runtime import faust_internals
+
+if TYPE_CHECKING:
+    from streams.runtime.app import Runtime
 
 log = logging.getLogger("memstream.http")
 
@@ -277,22 +284,45 @@ def json_body(data: Any) -> bytes:
     return orjson.dumps(data)
 
 
-class ApiView(View):
-    """A Faust view answering JSON, with the token table of its worker."""
+def runtime_of(app: Any) -> Runtime:
+    """The `Runtime` of the worker whose app serves a view (it sets itself on its app)."""
+    rt = getattr(app, "memstream_runtime", None)
+    if rt is None:
+        raise LookupError(f"{app!r} is not a memstream worker's app (no Runtime)")
+    return rt
 
-    tokens: Mapping[str, Token] = {}
+
+class ApiView(View):
+    """A Faust view answering JSON, checking bearer tokens against its worker's token table.
+
+    Its names do not reuse Faust's: `View.route` (add a route to the web server) and
+    `View.error` (a JSON error answer) keep their meaning; ours are `answer_at_owner` and
+    `problem`. The one Faust method it overrides, `dispatch`, keeps its meaning (it calls
+    Faust's and turns an unexpected exception into an empty 500): tests/api/test_views.py."""
+
     read_timeout_s: float = 30.0  #: MEMSTREAM_HTTP_READ_TIMEOUT_S (install_server_limits)
+
+    @property
+    def runtime(self) -> Runtime:
+        """This worker's Runtime (tables, settings, tokens)."""
+        return runtime_of(self.app)
+
+    @property
+    def tokens(self) -> Mapping[str, Token]:
+        """This worker's bearer tokens (MEMSTREAM_API_TOKENS, parsed once by the Runtime)."""
+        return self.runtime.tokens
 
     def reply(self, data: Any, status: int = 200) -> Response:
         return self.bytes(json_body(data), content_type="application/json", status=status)
 
-    def error(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:  # type: ignore[override]
+    def problem(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
+        """A JSON `{"error": message}` answer with a 4xx/5xx `status`."""
         return self.bytes(json_body({"error": message}), content_type="application/json", status=status,
                           headers=dict(headers) if headers else None)
 
     def unavailable(self, message: str) -> Response:
         """503 with `Retry-After`: the answer exists, just not here and now (clients retry)."""
-        return self.error(503, message, {"Retry-After": str(RETRY_AFTER_S)})
+        return self.problem(503, message, {"Retry-After": str(RETRY_AFTER_S)})
 
     async def dispatch(self, request: Any) -> Any:
         """Faust's dispatch, with any unexpected exception of a view logged and answered with an
@@ -302,7 +332,7 @@ class ApiView(View):
         except asyncio.CancelledError:
             raise
         except BodyTimeout as exc:
-            return self.error(408, str(exc))
+            return self.problem(408, str(exc))
         except Exception:  # noqa: BLE001 - the one place a view's bug becomes a 500
             log.exception("%s %s failed", request.method, request.path)
             return self.bytes(b"", status=500)
@@ -332,8 +362,8 @@ class ApiView(View):
             raise BadRequest("body must be a JSON object")
         return data
 
-    async def route(self, request: Request, table: Any, key: str,  # type: ignore[override]
-                    local: Callable[[], Awaitable[Response]]) -> Response:
+    async def answer_at_owner(self, request: Request, table: Any, key: str,
+                              local: Callable[[], Awaitable[Response]]) -> Response:
         """Answer locally when this worker owns `key`'s partition of `table` (503 while it is
         still recovering it), else forward the whole request (method, headers and body — Faust's
         own table_route drops the body) to the owner and relay its answer. Never a 500 for a
@@ -361,8 +391,22 @@ class ApiView(View):
             log.warning("forwarding %s %s to %s failed: %r", request.method, request.path, dest, exc)  # type: ignore[attr-defined]
             return self.unavailable(f"the partition owner {dest} did not answer; retry")
 
+    async def row_at_owner(self, request: Request, table_name: str, key: str, what: str,
+                           shape: Callable[[Any], Any]) -> Response:
+        """The row `key` of this worker's table `table_name`, as `shape` makes it, answered by
+        the key's owner (`answer_at_owner`); 404 `no <what> <key>` when there is none."""
+        table = self.runtime.tables[table_name]
+
+        async def local() -> Response:
+            row = table.get(key)
+            if row is None:
+                return self.problem(404, f"no {what} {key}")
+            return self.reply(shape(row))
+
+        return await self.answer_at_owner(request, table, key, local)
+
     def caller(self, request: Request) -> Token:
-        """The request's token; raises AuthError (answer with `self.error(401, …)`)."""
+        """The request's token; raises AuthError (answer with `self.problem(401, …)`)."""
         return authorize(request.headers, self.tokens)
 
 
@@ -376,8 +420,8 @@ def authenticated(fun: Callable[..., Awaitable[Response]] | None = None, *,
     or may not act for the route's user (`motebit_id` / `user_id` path parameter; a route with
     neither needs a token bound to no users: `permit`); else the method is called with
     `allowed=` the sensitivity level the token may read (and `token=` when it takes one). A
-    request is refused where it arrives (before `ApiView.route` forwards it); a forwarded one is
-    checked again. Use as `@authenticated` or `@authenticated(scope=SCOPE_ADMIN)`."""
+    request is refused where it arrives (before `ApiView.answer_at_owner` forwards it); a
+    forwarded one is checked again. Use as `@authenticated` or `@authenticated(scope=SCOPE_ADMIN)`."""
 
     def decorate(fun: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
         wants_token = "token" in inspect.signature(fun).parameters
@@ -387,13 +431,13 @@ def authenticated(fun: Callable[..., Awaitable[Response]] | None = None, *,
             try:
                 token = self.caller(request)
             except AuthError as exc:
-                return self.error(401, str(exc))
+                return self.problem(401, str(exc))
             user = next((kwargs[p] for p in USER_PARAMS if p in kwargs), None)
             try:
                 permit(token, scope=scope, user=user)
             except Forbidden as exc:
                 log.info("%s %s refused to token %s: %s", request.method, request.path, token.name, exc)  # type: ignore[attr-defined]
-                return self.error(403, str(exc))
+                return self.problem(403, str(exc))
             if wants_token:
                 kwargs["token"] = token
             return await fun(self, request, *args, allowed=token.level, **kwargs)
@@ -402,11 +446,6 @@ def authenticated(fun: Callable[..., Awaitable[Response]] | None = None, *,
         return checked
 
     return decorate(fun) if fun is not None else decorate
-
-
-def api_view(tokens: Mapping[str, Token]) -> type[ApiView]:
-    """An ApiView base bound to one worker's tokens."""
-    return type("BoundApiView", (ApiView,), {"tokens": dict(tokens)})
 
 
 # --------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import faust
 from faust.types import TP
 
-from streams.api.http import PartitionRouter, ServerLimits, api_view, install_server_limits, parse_tokens
+from streams.api.http import PartitionRouter, ServerLimits, install_server_limits, parse_tokens
 from streams.contracts import catalog, deadletter
 from streams.contracts.wire import (
     CodecFactory,
@@ -148,12 +148,13 @@ class Runtime:
         self._writing: checkpoint.Checkpoint | None = None
         #: (name, partitions, retention ms) of the internal topics: the worker creates them first
         self.internal_topics: list[tuple[str, int, dict[str, str]]] = []
-        self.View = api_view(parse_tokens(settings.api_tokens))  # base class of every HTTP view
+        #: the HTTP API's bearer tokens (MEMSTREAM_API_TOKENS): `ApiView` reads them through the app
+        self.tokens = parse_tokens(settings.api_tokens)
         #: set by `memstream worker`: watches the registry ids, broker and disk (streams/runtime/probe.py)
         self.probe: WorkerProbe | None = None
+        self.recovery_progress: tuple[int, float] | None = None  # api/health.py: (offsets left, since)
         #: topic -> (since, why) of an agent waiting on one record (reported by /health)
         self.stalls: dict[str, tuple[float, str]] = {}
-        self.recovery_progress: tuple[int, float] | None = None  # api/health.py: (offsets left, since)
 
     def input_channel(self, *names: str) -> faust.TopicT:
         """One channel over several co-partitioned input topics (raw bytes, decoded by `guard`)."""
@@ -163,7 +164,7 @@ class Runtime:
 
     def table(self, name: str) -> faust.types.TableT:
         """A table keyed by the UTF-8 message key (same bytes as the source key, so its changelog
-        partition, HTTP routing (`ApiView.route`) and the source partition agree), values stored
+        partition, HTTP routing (`ApiView.answer_at_owner`) and the source partition agree), values stored
         as JSON."""
         table = self.app.Table(
             name, default=None, partitions=self.settings.partitions,

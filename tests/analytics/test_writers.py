@@ -76,12 +76,6 @@ class FakeRuntime:
         self.hooks: list = []
         self.settings = SimpleNamespace(partitions=1)
 
-        def page(_path):
-            return lambda cls: cls
-
-        self.app = SimpleNamespace(page=page, table_route=lambda **_kw: (lambda f: f))
-        self.View = object
-
     def table(self, name: str):
         assert name == "analytics"
         return self._table

@@ -68,7 +68,7 @@ def test_key_owner_comes_from_the_assignor_not_the_kafka_clients_metadata(runtim
     topic = table.changelog_topic.get_topic_name()
     assignor = runtime.app.assignor
     assignor.changelog_distribution = {}
-    with pytest.raises(OwnerUnknown):  # a KeyError: ApiView.route answers 503 + Retry-After
+    with pytest.raises(OwnerUnknown):  # a KeyError: ApiView.answer_at_owner answers 503 + Retry-After
         router.key_store("session-ledger", "s-1")
     p = runtime.partition_of("s-1")
     assignor.changelog_distribution = {"http://a:1": {topic: [q for q in range(5) if q != p]},
@@ -85,7 +85,9 @@ def test_key_owner_comes_from_the_assignor_not_the_kafka_clients_metadata(runtim
 def test_an_unexpected_exception_in_a_view_is_a_logged_empty_500(runtime, caplog):
     import asyncio
 
-    class Boom(runtime.View):
+    from streams.api.http import ApiView
+
+    class Boom(ApiView):
         async def get(self, request, **kwargs):
             raise TypeError("'NoneType' object is not iterable")
 
@@ -99,8 +101,8 @@ def test_an_unexpected_exception_in_a_view_is_a_logged_empty_500(runtime, caplog
 
 
 def test_unavailable_answers_503_with_retry_after(runtime):
-    from streams.api.http import RETRY_AFTER_S
+    from streams.api.http import RETRY_AFTER_S, ApiView
 
-    view = runtime.View(runtime.app, runtime.app.web)
+    view = ApiView(runtime.app, runtime.app.web)
     response = view.unavailable("retry")
     assert response.status == 503 and response.headers["Retry-After"] == str(RETRY_AFTER_S)
