@@ -25,11 +25,13 @@ if TYPE_CHECKING:
     from streams.runtime.app import Runtime
 
 EVENT_ID_HEADER = "memstream.event_id"
+TABLE = "graph-state"  #: graphId -> graph state (read by streams/api/graphs.py)
+
 PROCESSOR = Processor(
     "graph-state-agent", __name__,
     "Per-graph execution state; a timer re-evaluates stall flags and republishes the graphs whose flags changed.",
     sources=(catalog.GRAPH_EVENTS,),
-    stores=("graph-state",),
+    stores=(TABLE,),
     timers=(Timer("graph-stall", catalog.GRAPH_EVENTS, "stall flags of the partition's graphs (MEMSTREAM_GRAPH_STALL_MS)"),),
     sinks=(catalog.GRAPH_STATE, catalog.DLQ),
     feeds=("analytics",),
@@ -38,7 +40,7 @@ PROCESSOR = Processor(
 
 def register(rt: Runtime) -> None:
     s = rt.settings
-    table = rt.table("graph-state")
+    table = rt.table(TABLE)
     limits = s.limits()
 
     async def handle(cp: checkpoint.Checkpoint, event, key: str, record: dict) -> None:

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from faust.web import Blueprint, Request, Response
 
+from streams.agents.graphs import TABLE
 from streams.api.http import ApiView, authenticated
 from streams.graphs import state as graph_state
-
-TABLE = "graph-state"  #: the graph-state agent's table (streams/agents/graphs.py)
 
 blueprint = Blueprint("graphs")
 
