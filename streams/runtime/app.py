@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -70,6 +71,10 @@ class Runtime:
         self.worker_name = f"{socket.gethostname()}:{settings.web_port}"
         self.draining = False  # set by a stopping worker: no batch starts any more
         self._inflight = 0
+        #: the stateful agents' source topics: a record of one is committed only once applied
+        #: (`counts_ack`); the records of the batches applied since, until their acknowledgement
+        self._guarded_topics: set[str] = set()
+        self._applied: weakref.WeakSet = weakref.WeakSet()
         self._idle = asyncio.Event()
         self._idle.set()
         self.app = _DrainingApp(
@@ -414,6 +419,8 @@ class Runtime:
         async def handle(cp: checkpoint.Checkpoint, event: faust.types.EventT) -> bool:
             return await self.guard(cp, event, handler)
 
+        self._guarded_topics.update(getattr(channel, "topics", ()))
+
         @self.app.agent(channel, name=name)
         async def run(stream):
             async for events in stream.take_events(self.settings.batch_max, self.settings.batch_wait_ms / 1000):
@@ -424,6 +431,7 @@ class Runtime:
                     with self.in_flight():
                         async with lock:
                             await checkpoint.run_batch(list(events), handle, cache, self)
+                    self._applied.update(event.message for event in events)
 
     async def consistent_ids(self) -> None:
         """Wait while the schema registry maps an id this worker used differently than before
@@ -445,6 +453,24 @@ class Runtime:
             self._inflight -= 1
             if not self._inflight:
                 self._idle.set()
+
+    def counts_ack(self, message: Any) -> bool:
+        """Whether the consumer may count `message`'s acknowledgement towards a commit (asked by
+        `RebalanceSafeConsumer.ack`). A record of a stateful agent's source topic counts only
+        once its batch was applied: Faust also acknowledges records nobody applied — one a
+        stream takes while a rebalance or a stop has suspended the flow, or of an older
+        consumer generation, is skipped *and* acknowledged — and after a revocation its commit
+        is not anchored at the committed offset, so such an acknowledgement could carry the
+        commit across a batch that was never applied (the fault suite's lost records). Not
+        counting it leaves a hole the commit stops at; the seek after the rebalance (or the
+        partition's next owner) reads the record again."""
+        if message.topic not in self._guarded_topics:
+            return True
+        if message in self._applied:
+            self._applied.discard(message)
+            return True
+        self.count("acks_not_counted:unapplied")
+        return False
 
     @staticmethod
     async def hold_back(events: list[faust.types.EventT]) -> None:

@@ -171,6 +171,12 @@ def committed_offset(consumer: Any, tp: TP) -> int | None:
     return getattr(consumer, "_committed_offset", {}).get(tp)
 
 
+def forget_ack(message: Any) -> None:
+    """Mark one message acknowledged without counting it: `Consumer.ack` returns at once for it
+    from then on, and its offset is never committed (as `mark_acked_without_commit`)."""
+    message.acked = True
+
+
 def forget_buffered(consumer: Any, tps: set[TP]) -> None:
     """Drop `tps` from the partitions Faust treats as buffered.
 

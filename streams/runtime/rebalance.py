@@ -17,9 +17,21 @@ through a function of `streams.runtime.faust_internals`.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
+from typing import Any
+
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from streams.runtime.faust_internals import consumer_thread, forget_buffered, is_changelog_tp, read_committed
+from streams.runtime.faust_internals import (
+    consumer_thread,
+    forget_ack,
+    forget_buffered,
+    is_changelog_tp,
+    read_committed,
+)
+
+log = logging.getLogger(__name__)
 
 
 class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -55,9 +67,31 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
        the hole (or skipped it, when a gap was recorded). Here stream partitions resumed by
        the recovery only become fetchable in `resume_flow()`, which Faust calls right after
        that `flow_control.resume()`.
+    4. Faust's fetcher reads the consumer generation only once a fetch has returned, so records
+       fetched before a rebalance (the positions before it) can be handed to the streams after
+       it, once the seek to the committed offsets has already moved the positions back. The first
+       of them then lies past the committed offset; Faust records the offsets in between as a
+       "gap" (meant for transaction markers and compacted records), drops them when they arrive
+       as "already read", and commits across them: records skipped for good. Found by the fault
+       suite (a worker added and removed, a worker killed and restarted: 50-200 records of one
+       partition never applied). Here a fetch that overlapped a seek or a rebalance is checked
+       against the positions the consumer was sent to (`stale_partitions`); a partition's
+       records that do not start there are dropped and the partition sought there again.
+    5. Faust acknowledges records nobody applied: a stream skips *and acknowledges* a record it
+       takes while a rebalance or a stop has suspended the flow (or one of an older generation),
+       and after a revocation its commit is no longer anchored at the committed offset, so one
+       such acknowledgement can carry the commit across a taken batch that was never applied.
+       Here the acknowledgement of a stateful agent's record counts only once the runtime
+       applied its batch (`Runtime.counts_ack`); any other is recorded without being counted,
+       so the commit stops before it and the record is read again after the seek.
     """
 
     _deferred: set
+    #: where each stream partition's next record must start: the offset it was sought to, then
+    #: one past the last record fetched (defect 4)
+    _expected: dict
+    #: counts seeks and rebalances: a fetch during which it changed may hold stale records
+    _moves: int
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return ReadCommittedConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -65,9 +99,47 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
     def _reset_state(self) -> None:
         super()._reset_state()
         self._deferred = set()
+        self._expected = {}
+        self._moves = 0
 
     async def _getmany(self, active_partitions, timeout):
-        return await super()._getmany(None if active_partitions is None else set(active_partitions), timeout)
+        moves = self._moves
+        records = await super()._getmany(None if active_partitions is None else set(active_partitions), timeout)
+        if records and moves != self._moves:
+            first = {tp: recs[0].offset for tp, recs in records.items()
+                     if recs and not is_changelog_tp(self, tp)}
+            stale = stale_partitions(first, self._expected)
+            if stale:
+                log.warning("dropped records fetched before a rebalance or seek (%s); fetching again from %s",
+                            ", ".join(f"{tp.topic}[{tp.partition}]@{first[tp]}" for tp in sorted(stale)),
+                            ", ".join(f"{tp.topic}[{tp.partition}]@{self._expected[tp]}" for tp in sorted(stale)))
+                records = {tp: recs for tp, recs in records.items() if tp not in stale}
+                assigned = self.assignment()
+                for tp in sorted(stale):
+                    if tp in assigned:
+                        await self.seek(tp, self._expected[tp])
+        for tp, recs in records.items():
+            if recs and not is_changelog_tp(self, tp):
+                self._expected[tp] = recs[-1].offset + 1
+        return records
+
+    def ack(self, message) -> bool:
+        # defect 5: Faust acknowledges records nobody applied (see `Runtime.counts_ack`)
+        runtime = getattr(self.app, "memstream_runtime", None)
+        if runtime is not None and not message.acked and not runtime.counts_ack(message):
+            forget_ack(message)
+            return False
+        return super().ack(message)
+
+    async def seek(self, partition, offset: int) -> None:
+        self._moves += 1
+        await super().seek(partition, offset)
+        if not is_changelog_tp(self, partition):
+            self._expected[partition] = offset
+
+    async def on_partitions_assigned(self, assigned, generation_id: int = 0) -> None:
+        self._moves += 1
+        await super().on_partitions_assigned(assigned, generation_id)
 
     def resume_partitions(self, tps) -> None:
         tps = set(tps)
@@ -88,11 +160,17 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
         super().resume_flow()
 
     async def on_partitions_revoked(self, revoked) -> None:
+        self._moves += 1
         self._deferred.clear()
+        for tp in revoked:
+            self._expected.pop(tp, None)
         await super().on_partitions_revoked(revoked)
 
     async def seek_to_committed(self):
+        self._moves += 1
         committed = await super().seek_to_committed()
+        self._moves += 1
+        never = []
         if self.app.conf.consumer_auto_offset_reset == "earliest":
             thread = consumer_thread(self)
             assigned = thread.assignment()
@@ -100,4 +178,19 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
                      if (offset is None or offset <= 0) and tp in assigned and not is_changelog_tp(self, tp)]
             if never:
                 await thread.seek_to_beginning(*never)
+        for tp, offset in committed.items():
+            if not is_changelog_tp(self, tp):
+                # a partition read from its beginning: its first record may be past 0 (retention),
+                # then at most one fetch is dropped and repeated
+                self._expected[tp] = 0 if tp in never or offset is None or offset < 0 else offset
         return committed
+
+
+def stale_partitions(first_offsets: Mapping[Any, int], expected: Mapping[Any, int]) -> set:
+    """The partitions whose fetched records (`first_offsets`: the offset of each one's first
+    record) do not start where the consumer sent them (`expected`), for a fetch that overlapped a
+    seek or a rebalance: records fetched from the positions before it. A partition with no
+    expectation (not sought since it was assigned) is kept. Outside such a fetch a record past
+    the expected offset is legitimate (a transaction marker, aborted or compacted records) and
+    this is not asked."""
+    return {tp for tp, first in first_offsets.items() if tp in expected and first != expected[tp]}

@@ -106,3 +106,30 @@ def test_unavailable_answers_503_with_retry_after(runtime):
     view = ApiView(runtime.app, runtime.app.web)
     response = view.unavailable("retry")
     assert response.status == 503 and response.headers["Retry-After"] == str(RETRY_AFTER_S)
+
+
+class _Message:
+    """What `Runtime.counts_ack` reads of a Faust message (weak-referenceable, as Faust's are)."""
+
+    def __init__(self, topic: str, offset: int) -> None:
+        self.topic, self.offset, self.acked = topic, offset, False
+
+
+def test_the_stateful_agents_source_topics_are_guarded(runtime):
+    # every input a stateful agent applies in batches: its records are committed only once applied
+    for name in (catalog.MEMORY_CANDIDATES, catalog.MEMORY_EVENTS, catalog.SESSION_EVENTS, catalog.GRAPH_EVENTS):
+        assert runtime.counts_ack(_Message(name, 7)) is False, name
+
+
+def test_an_ack_counts_only_for_a_record_whose_batch_was_applied(runtime):
+    applied, skipped = _Message(catalog.MEMORY_CANDIDATES, 1), _Message(catalog.MEMORY_CANDIDATES, 2)
+    runtime._applied.add(applied)
+    assert runtime.counts_ack(applied) is True
+    # Faust skips and acknowledges a record taken while the flow is suspended: not counted
+    assert runtime.counts_ack(skipped) is False
+    # once counted, the record is forgotten (an acknowledgement is counted once)
+    assert runtime.counts_ack(applied) is False
+
+
+def test_records_of_other_topics_count_as_faust_acknowledges_them(runtime):
+    assert runtime.counts_ack(_Message("it-app-memory-housekeeping-ticks", 3)) is True
