@@ -29,7 +29,7 @@ for i in $(seq 1 "$runs"); do
   .venv/bin/python -m pytest -q -rA -p no:cacheprovider ${TESTS:-} >"$log" 2>&1
   rc=$?
   for p in "${hogs[@]}"; do kill "$p" 2>/dev/null; done
-  faults=$(grep -E "^(PASSED|FAILED|ERROR) tests/test_(faults|poison)_kafka.py" "$log" | sed 's/ - .*//' | tr '\n' ' ')
+  faults=$(grep -E "^(PASSED|FAILED|ERROR) tests/(system/)?test_(faults|poison)_kafka.py" "$log" | sed 's/ - .*//' | tr '\n' ' ')
   line="$(date -u +%FT%TZ) run $i/$runs ${hog:-idle} ${TESTS:-full-suite} load=$(cut -d' ' -f1-3 /proc/loadavg) rc=$rc $(( $(date +%s) - started ))s :: $faults"
   echo "$line" | tee -a "$out"
 done
