@@ -66,6 +66,8 @@ FAMILY_LABELS: dict[str, tuple[tuple[str, ...], str]] = {
     "memory_users": (("event",), "Users' memory state read from the memory-state table (`loaded`) and dropped from the bounded LRU (`evicted`)."),
     "erase": (("label",), "Erasure work done: memory nodes deleted (`nodes`) and receipts sent (`receipts`)."),
     "analytics_refused": (("label",), "Analytics records refused, by reason."),
+    "acks_not_counted": (("reason",), "Input records Faust acknowledged that do not count towards a commit (`unapplied`: "
+                                      "their batch was not applied; read again after the rebalance's seek)."),
 }
 
 GAUGE_HELP: dict[str, str] = {
