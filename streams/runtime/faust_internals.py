@@ -145,7 +145,7 @@ def mark_acked_without_commit(events: Iterable[EventT]) -> None:
     `Stream.take_events` acknowledges every taken event when the agent leaves the batch, even by an
     exception; memstream needs a batch it did not apply never to be committed."""
     for event in events:
-        event.message.acked = True
+        forget_ack(event.message)
 
 
 # ------------------------------------------------------------------------------------------------
