@@ -132,8 +132,10 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
         return super().ack(message)
 
     async def seek(self, partition, offset: int) -> None:
+        # counted before and after: a fetch that starts or ends while positions move is checked
         self._moves += 1
         await super().seek(partition, offset)
+        self._moves += 1
         if not is_changelog_tp(self, partition):
             self._expected[partition] = offset
 
@@ -167,9 +169,8 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
         await super().on_partitions_revoked(revoked)
 
     async def seek_to_committed(self):
-        self._moves += 1
+        self._moves += 1  # and again once every position is set (as `seek`)
         committed = await super().seek_to_committed()
-        self._moves += 1
         never = []
         if self.app.conf.consumer_auto_offset_reset == "earliest":
             thread = consumer_thread(self)
@@ -178,6 +179,7 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
                      if (offset is None or offset <= 0) and tp in assigned and not is_changelog_tp(self, tp)]
             if never:
                 await thread.seek_to_beginning(*never)
+        self._moves += 1
         for tp, offset in committed.items():
             if not is_changelog_tp(self, tp):
                 # a partition read from its beginning: its first record may be past 0 (retention),
