@@ -50,6 +50,7 @@ PINNED: dict[str, str] = {
 PRIVATE_API: tuple[tuple[str, str], ...] = (
     ("faust.streams", "_current_event"),
     ("faust.transport.consumer:Consumer", "_committed_offset"),
+    ("faust.transport.consumer:Consumer", "_read_offset"),
     ("faust.transport.consumer:Consumer", "_buffered_partitions"),
     ("faust.transport.consumer:Consumer", "_is_changelog_tp"),
     ("faust.transport.consumer:ThreadDelegateConsumer", "_thread"),
@@ -169,6 +170,21 @@ def committed_offset(consumer: Any, tp: TP) -> int | None:
     faust-streaming 0.15.3: `Consumer._committed_offset`, a defaultdict (read with `.get`: `[]`
     would insert None). Read by `/metrics` (consumer lag) without a broker round trip."""
     return getattr(consumer, "_committed_offset", {}).get(tp)
+
+
+def read_offset(consumer: Any, tp: TP) -> int | None:
+    """The offset below which Faust's fetcher drops a record of `tp` as already read; None: none.
+
+    faust-streaming 0.15.3: `Consumer._read_offset`, a defaultdict (read with `.get`), written by
+    `_drain_messages` after each delivered record and by `seek`/`perform_seek`. rebalance.py checks
+    each fetch against it (defect 6)."""
+    return getattr(consumer, "_read_offset", {}).get(tp)
+
+
+def set_read_offset(consumer: Any, tp: TP, offset: int) -> None:
+    """Let Faust's fetcher deliver the records of `tp` from `offset` on, as its `seek` does
+    (`Consumer._read_offset`; 0 is stored as None, Faust's own convention)."""
+    consumer._read_offset[tp] = offset if offset else None
 
 
 def forget_ack(message: Any) -> None:
