@@ -78,7 +78,12 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
        suite (a worker added and removed, a worker killed and restarted: 50-200 records of one
        partition never applied). Here a fetch that overlapped a seek or a rebalance is checked
        against the positions the consumer was sent to (`stale_partitions`); a partition's
-       records that do not start there are dropped and the partition sought there again.
+       records that do not start there are dropped and the partition sought there again. The
+       same holds for changelog partitions, which the recovery seeks (`seek_wait`) to their
+       persisted offsets: a standby's records fetched before the rebalance would otherwise be
+       applied first, out of order, and the restored table could count as recovered before the
+       rows in between were read. (A compacted changelog may legitimately start past the sought
+       offset; then one fetch is dropped and repeated, and the repeat is not checked.)
     5. Faust acknowledges records nobody applied: a stream skips *and acknowledges* a record it
        takes while a rebalance or a stop has suspended the flow (or one of an older generation),
        and after a revocation its commit is no longer anchored at the committed offset, so one
@@ -101,8 +106,8 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
     """
 
     _deferred: set
-    #: where each stream partition's next record must start: the offset it was sought to, then
-    #: one past the last record fetched (defect 4)
+    #: where each partition's next record must start: the offset it was sought to, then one
+    #: past the last record fetched (defect 4)
     _expected: dict
     #: counts seeks and rebalances: a fetch during which it changed may hold stale records
     _moves: int
@@ -120,8 +125,7 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
         moves = self._moves
         records = await super()._getmany(None if active_partitions is None else set(active_partitions), timeout)
         if records and moves != self._moves:
-            first = {tp: recs[0].offset for tp, recs in records.items()
-                     if recs and not is_changelog_tp(self, tp)}
+            first = {tp: recs[0].offset for tp, recs in records.items() if recs}
             stale = stale_partitions(first, self._expected)
             if stale:
                 log.warning("dropped records fetched before a rebalance or seek (%s); fetching again from %s",
@@ -142,7 +146,7 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
             for tp in behind:
                 set_read_offset(self, tp, first[tp])
         for tp, recs in records.items():
-            if recs and not is_changelog_tp(self, tp):
+            if recs:
                 self._expected[tp] = recs[-1].offset + 1
         return records
 
@@ -159,8 +163,15 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
         self._moves += 1
         await super().seek(partition, offset)
         self._moves += 1
-        if not is_changelog_tp(self, partition):
-            self._expected[partition] = offset
+        self._expected[partition] = offset
+
+    async def seek_wait(self, partitions) -> None:
+        # the recovery's seeks of changelog partitions (actives to their persisted offsets, standbys)
+        self._moves += 1
+        await super().seek_wait(partitions)
+        self._moves += 1
+        for tp, offset in partitions.items():
+            self._expected[tp] = max(offset, 0)
 
     async def on_partitions_assigned(self, assigned, generation_id: int = 0) -> None:
         self._moves += 1
