@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -46,7 +47,7 @@ class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 
 
 class RebalanceSafeConsumer(faust_aiokafka.Consumer):
-    """Faust's Kafka consumer with six rebalance defects of faust-streaming 0.15.3 closed.
+    """Faust's Kafka consumer with seven rebalance defects of faust-streaming 0.15.3 closed.
 
     A worker joining the group could leave input partitions unprocessed and uncommitted for
     good (or skip records of them), logging nothing:
@@ -77,7 +78,7 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
        as "already read", and commits across them: records skipped for good. Found by the fault
        suite (a worker added and removed, a worker killed and restarted: 50-200 records of one
        partition never applied). Here a fetch that overlapped a seek or a rebalance is checked
-       against the positions the consumer was sent to (`stale_partitions`); a partition's
+       against the positions the consumer was sent to (`refetch_from`); a partition's
        records that do not start there are dropped and the partition sought there again. The
        same holds for changelog partitions, which the recovery seeks (`seek_wait`) to their
        persisted offsets: a standby's records fetched before the rebalance would otherwise be
@@ -103,12 +104,32 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
        offset (`dropped_as_read`; no seek leaves it so) moves the read offset back to that
        record (logged at WARNING): records are delivered again, a duplicate at worst (found in
        the de-duplication window), never dropped.
+    7. A fetch under way when a rebalance starts returns, once the new assignment is in place,
+       records of a kept partition read from the new assignment's initial position (the
+       committed offset). When they arrive while the recovery is seeking the stream partitions
+       to their committed offsets (the flow is already resumed for the changelogs), Faust hands
+       them to the streams, whose queues are emptied at the end of the recovery: never applied.
+       aiokafka's own seek ran before they were consumed, so the position is left *after* them,
+       the next fetch starts there, and Faust records the records in between as a "gap" and
+       commits across them. Caught by the fault suite with the instrumentation of the hunt
+       (`sigkill_x3`: offsets 533-585 of one partition fetched at 533 during the seek, the next
+       fetch at 586, gap 534..586, commit 587). Here a stream partition's records fetched before
+       it was sought since its assignment are dropped and the partition is sought to their
+       first offset, and the first fetch after any seek must start exactly where the partition
+       was sought (else it is dropped and the partition sought there again, once: a start past
+       it is then legitimate — transaction markers, aborted or deleted records).
     """
 
     _deferred: set
     #: where each partition's next record must start: the offset it was sought to, then one
-    #: past the last record fetched (defect 4)
+    #: past the last record fetched (defects 4 and 7)
     _expected: dict
+    #: stream partitions sought since their last accepted fetch: that fetch must start exactly
+    #: where they were sought (defect 7)
+    _sought: set
+    #: stream partitions this consumer sought again after dropping a fetch: the next fetch may
+    #: start past the offset (transaction markers, aborted or deleted records lie before it)
+    _lenient: set
     #: counts seeks and rebalances: a fetch during which it changed may hold stale records
     _moves: int
 
@@ -119,23 +140,33 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
         super()._reset_state()
         self._deferred = set()
         self._expected = {}
+        self._sought = set()
+        self._lenient = set()
         self._moves = 0
 
     async def _getmany(self, active_partitions, timeout):
         moves = self._moves
         records = await super()._getmany(None if active_partitions is None else set(active_partitions), timeout)
-        if records and moves != self._moves:
-            first = {tp: recs[0].offset for tp, recs in records.items() if recs}
-            stale = stale_partitions(first, self._expected)
-            if stale:
-                log.warning("dropped records fetched before a rebalance or seek (%s); fetching again from %s",
-                            ", ".join(f"{tp.topic}[{tp.partition}]@{first[tp]}" for tp in sorted(stale)),
-                            ", ".join(f"{tp.topic}[{tp.partition}]@{self._expected[tp]}" for tp in sorted(stale)))
-                records = {tp: recs for tp, recs in records.items() if tp not in stale}
-                assigned = self.assignment()
-                for tp in sorted(stale):
-                    if tp in assigned:
-                        await self.seek(tp, self._expected[tp])
+        moved = moves != self._moves
+        refetch = {}
+        for tp, recs in records.items():
+            if recs:
+                at = refetch_from(FetchCheck(
+                    first=recs[0].offset, expected=self._expected.get(tp), moved=moved,
+                    stream=not is_changelog_tp(self, tp), sought=tp in self._sought, lenient=tp in self._lenient))
+                if at is not None:
+                    refetch[tp] = at
+        if refetch:
+            log.warning("dropped records fetched before a rebalance or seek (%s); fetching again from %s",
+                        ", ".join(f"{tp.topic}[{tp.partition}]@{records[tp][0].offset}" for tp in sorted(refetch)),
+                        ", ".join(f"{tp.topic}[{tp.partition}]@{refetch[tp]}" for tp in sorted(refetch)))
+            records = {tp: recs for tp, recs in records.items() if tp not in refetch}
+            assigned = self.assignment()
+            for tp in sorted(refetch):
+                if tp in assigned:
+                    await self.seek(tp, refetch[tp])
+                    if not is_changelog_tp(self, tp):
+                        self._lenient.add(tp)
         first = {tp: recs[0].offset for tp, recs in records.items() if recs}
         behind = dropped_as_read(first, {tp: read_offset(self, tp) for tp in first})
         if behind:
@@ -148,6 +179,8 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
         for tp, recs in records.items():
             if recs:
                 self._expected[tp] = recs[-1].offset + 1
+                self._sought.discard(tp)
+                self._lenient.discard(tp)
         return records
 
     def ack(self, message) -> bool:
@@ -163,7 +196,13 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
         self._moves += 1
         await super().seek(partition, offset)
         self._moves += 1
-        self._expected[partition] = offset
+        self._sought_to(partition, offset)
+
+    def _sought_to(self, tp, offset: int) -> None:
+        self._expected[tp] = offset
+        self._lenient.discard(tp)
+        if not is_changelog_tp(self, tp):
+            self._sought.add(tp)
 
     async def seek_wait(self, partitions) -> None:
         # the recovery's seeks of changelog partitions (actives to their persisted offsets, standbys)
@@ -171,7 +210,7 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
         await super().seek_wait(partitions)
         self._moves += 1
         for tp, offset in partitions.items():
-            self._expected[tp] = max(offset, 0)
+            self._sought_to(tp, max(offset, 0))
 
     async def on_partitions_assigned(self, assigned, generation_id: int = 0) -> None:
         self._moves += 1
@@ -200,6 +239,8 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
         self._deferred.clear()
         for tp in revoked:
             self._expected.pop(tp, None)
+            self._sought.discard(tp)
+            self._lenient.discard(tp)
         await super().on_partitions_revoked(revoked)
 
     async def seek_to_committed(self):
@@ -218,18 +259,46 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
             if not is_changelog_tp(self, tp):
                 # a partition read from its beginning: its first record may be past 0 (retention),
                 # then at most one fetch is dropped and repeated
-                self._expected[tp] = 0 if tp in never or offset is None or offset < 0 else offset
+                self._sought_to(tp, 0 if tp in never or offset is None or offset < 0 else offset)
         return committed
 
 
-def stale_partitions(first_offsets: Mapping[Any, int], expected: Mapping[Any, int]) -> set:
-    """The partitions whose fetched records (`first_offsets`: the offset of each one's first
-    record) do not start where the consumer sent them (`expected`), for a fetch that overlapped a
-    seek or a rebalance: records fetched from the positions before it. A partition with no
-    expectation (not sought since it was assigned) is kept. Outside such a fetch a record past
-    the expected offset is legitimate (a transaction marker, aborted or compacted records) and
-    this is not asked."""
-    return {tp for tp, first in first_offsets.items() if tp in expected and first != expected[tp]}
+@dataclass(frozen=True)
+class FetchCheck:
+    """What is known about one partition's records in a fetch (see `refetch_from`)."""
+
+    first: int  #: offset of its first record
+    expected: int | None  #: where its next record must start; None: not sought since it was assigned
+    moved: bool  #: a seek or a rebalance happened while the fetch was under way
+    stream: bool  #: a stream partition (False: a table's changelog)
+    sought: bool  #: the first fetch since the partition was sought (stream partitions)
+    lenient: bool  #: the first fetch since this consumer sought it again after dropping a fetch
+
+
+def refetch_from(c: FetchCheck) -> int | None:
+    """None to deliver a partition's fetched records; else drop them and seek the partition to
+    the returned offset (so no record is skipped: nothing before it was delivered).
+
+    - A stream partition not sought since it was assigned has records fetched before Faust's
+      seek to the committed offsets (at the new assignment's initial position, consumed while
+      the seek ran): refetch from their own first offset (defect 7).
+    - A stream partition's first fetch since a seek, and any fetch that overlapped a seek or a
+      rebalance, must start exactly where it was sought or the last fetch ended (defects 4 and
+      7); else refetch from there. The first fetch after such a refetch may start past it
+      (transaction markers, aborted or deleted records lie before it) unless it overlapped a
+      move too.
+    - A changelog partition is checked only for a fetch that overlapped a move (a compacted
+      changelog may start past the sought offset: then one fetch is repeated).
+    - Otherwise a fetch starting past the expected offset is legitimate (transaction markers)."""
+    if not c.stream:
+        return c.expected if c.moved and c.expected is not None and c.first != c.expected else None
+    if c.expected is None:
+        return c.first
+    if c.first == c.expected:
+        return None
+    if c.lenient and not c.moved and c.first > c.expected:
+        return None
+    return c.expected if c.moved or c.sought or c.lenient else None
 
 
 def dropped_as_read(first_offsets: Mapping[Any, int], read_offsets: Mapping[Any, int | None]) -> set:
