@@ -284,9 +284,10 @@ def refetch_from(c: FetchCheck) -> int | None:
       the seek ran): refetch from their own first offset (defect 7).
     - A stream partition's first fetch since a seek, and any fetch that overlapped a seek or a
       rebalance, must start exactly where it was sought or the last fetch ended (defects 4 and
-      7); else refetch from there. The first fetch after such a refetch may start past it
-      (transaction markers, aborted or deleted records lie before it) unless it overlapped a
-      move too.
+      7); else refetch from there. The first fetch after such a refetch is delivered wherever
+      it starts unless it overlapped a move too: past the offset, transaction markers, aborted
+      or deleted records lie before it; before it, the broker reset an offset out of range
+      (repeats, never a loss). So one partition is refetched at most once per move.
     - A changelog partition is checked only for a fetch that overlapped a move (a compacted
       changelog may start past the sought offset: then one fetch is repeated).
     - Otherwise a fetch starting past the expected offset is legitimate (transaction markers)."""
@@ -296,7 +297,7 @@ def refetch_from(c: FetchCheck) -> int | None:
         return c.first
     if c.first == c.expected:
         return None
-    if c.lenient and not c.moved and c.first > c.expected:
+    if c.lenient and not c.moved:
         return None
     return c.expected if c.moved or c.sought or c.lenient else None
 
