@@ -34,7 +34,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# the fault suite against a single-worker reference (opt-in: see tests/conftest.py)
+# the fault suite alone (`make test` runs it too; MEMSTREAM_FAULT_SUITE=0 skips it there)
 test-faults: $(STAMP)
 	MEMSTREAM_FAULT_SUITE=1 $(PY) -m pytest tests/system/test_faults_kafka.py $(PYTEST_ARGS)
 

@@ -17,7 +17,7 @@ hog=${2:-}
 mkdir -p test-artifacts
 out=test-artifacts/fault-repeat.txt
 make .venv/.installed >/dev/null 2>&1 || [[ -x .venv/bin/python ]] || exit 1  # a worktree may link another's .venv (make cannot create it there)
-export MEMSTREAM_FAULT_SUITE=1  # the fault suite is opt-in in `make test`
+export MEMSTREAM_FAULT_SUITE=1  # (the default) whatever the caller's environment says
 for i in $(seq 1 "$runs"); do
   hogs=()
   if [[ "$hog" == "--hog" ]]; then
