@@ -139,13 +139,27 @@ def test_kernels_give_the_numpy_results(data):
     assert (_kernels.equal_counts(rows, at, q) == (rows[at] == q[None, :]).sum(axis=1)).all()
     assert (_kernels.equal_byte_counts(rows.view(np.uint64), at, q.view(np.uint64)) == (rows[at] == q[None, :]).sum(axis=1)).all()
 
-    keys = np.sort(rnd.randint(0, 50, size=300).astype(np.uint64))
-    slots = rnd.randint(0, 70, size=300).astype(np.int32)
+    # band-tagged keys of 3 bands, many equal (small key values) or spread over the 56 bits
+    bands = 3
+    spread = data.draw(st.sampled_from([50, 1 << 56]))
+    size = data.draw(st.integers(0, 300))
+    tag = rnd.randint(0, bands, size=size).astype(np.uint64) << np.uint64(56)
+    keys = np.sort(tag | rnd.randint(0, spread, size=size, dtype=np.uint64))
+    slots = rnd.randint(0, 70, size=size).astype(np.int32)
     dead = rnd.rand(70) < 0.2
-    query = np.sort(rnd.randint(0, 60, size=8).astype(np.uint64))
+    query = (np.arange(bands, dtype=np.uint64) << np.uint64(56)) | rnd.randint(0, spread, size=bands, dtype=np.uint64)
+    if size:
+        query[: bands // 2 + 1] = rnd.choice(keys, size=bands // 2 + 1)  # some keys that are there
+    query.sort()
+    directory, shift = sim.key_directory(keys, bands, data.draw(st.integers(1, 9)))
     hit = np.isin(keys, query) & ~dead[slots]
-    assert (_kernels.bucket_slots(keys, slots, query, dead, True) == np.unique(slots[hit])).all()
-    assert (_kernels.bucket_slots(keys, slots, query, dead, False) == np.unique(slots[np.isin(keys, query)])).all()
+    assert (_kernels.bucket_slots(keys, slots, directory, shift, query, dead, True) == np.unique(slots[hit])).all()
+    assert (_kernels.bucket_slots(keys, slots, directory, shift, query, dead, False) == np.unique(slots[np.isin(keys, query)])).all()
+
+    sigs = rnd.randint(0, (1 << 31) - 1, size=(data.draw(st.integers(0, 5)), 24)).astype(np.uint64)
+    rows_per_band = data.draw(st.sampled_from([1, 3, 4]))
+    got = _kernels.band_keys(sigs, 24 // rows_per_band, rows_per_band, sim._MIX, sim._KEY_MASK, sim._BAND_SHIFT)
+    assert (got == sim._band_keys_numpy(sigs, 24 // rows_per_band, rows_per_band)).all()
 
 
 def test_the_layout_does_not_change_decisions(monkeypatch):
