@@ -96,9 +96,11 @@ NEGATION_WORDS: frozenset[str] = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=1024)
 def normalize_text(text: str) -> str:
     """NFKC, case-folded, apostrophes dropped (``don't`` → ``dont``), every run of
-    non-alphanumeric characters (incl. ``_``) collapsed to one space, trimmed."""
+    non-alphanumeric characters (incl. ``_``) collapsed to one space, trimmed. (Cached: a
+    candidate's text is normalized for its shingles, its polarity and its fingerprint.)"""
     t = unicodedata.normalize("NFKC", text).casefold()
     t = _APOSTROPHES.sub("", t)
     t = _NON_WORD.sub(" ", t)
@@ -212,7 +214,9 @@ def _seeded_field(seed: int, label: str, count: int, lo: int) -> list[int]:
 def shingle_hashes(shingles: Iterable[str]) -> np.ndarray:
     """CRC-32 of each shingle reduced into the field (deterministic across processes,
     unlike ``hash()``)."""
-    return np.fromiter((zlib.crc32(s.encode("utf-8")) % _PRIME_31 for s in shingles), dtype=np.uint64)
+    h = np.fromiter(map(zlib.crc32, map(str.encode, shingles)), dtype=np.uint64)  # UTF-8
+    h %= np.uint64(_PRIME_31)
+    return h
 
 
 _P31 = np.uint64(_PRIME_31)
@@ -485,8 +489,10 @@ class _BandTable:
 
     def add(self, slot: int, keys: np.ndarray) -> None:
         self._fresh_keys[slot] = keys
+        fresh = self._fresh
         for key in keys.tolist():
-            _bucket_add(self._fresh, key, slot)
+            if fresh.setdefault(key, slot) != slot:  # the key's bucket holds other nodes
+                _bucket_add(fresh, key, slot)
 
     def remove(self, slot: int) -> bool:
         """Forget node ``slot``; False when its entries stay in the arrays until the next
@@ -558,9 +564,7 @@ class _BandTable:
                 parts.append(found)
         if self._fresh:
             extra: list[int] = []
-            fresh = self._fresh
-            for key in keys.tolist():
-                cur = fresh.get(key)
+            for cur in map(self._fresh.get, keys.tolist()):
                 if cur is None:
                     continue
                 if isinstance(cur, set):
@@ -729,14 +733,10 @@ class _ShingleNumbers:
         ``add``: number the shingles that have none yet (else they are left out of the
         numbers — no indexed node has them)."""
         of = self._of
-        known: list[int] = []
-        new: list[str] = []
-        for sh in shingles:
-            n = of.get(sh)
-            if n is None:
-                new.append(sh)
-            else:
-                known.append(n)
+        shingles = list(shingles)
+        found = list(map(of.get, shingles))
+        known = [n for n in found if n is not None]
+        new = [sh for sh, n in zip(shingles, found, strict=True) if n is None] if len(known) < len(found) else []
         numbers = np.array(known, dtype=np.int64)
         new_hashes = shingle_hashes(new)
         hashes = np.concatenate((self._hash[numbers], new_hashes)) if new else self._hash[numbers]
