@@ -90,16 +90,24 @@ def _jit(fn: Callable[..., Any]) -> Callable[..., Any]:
 @_jit
 def minhash(h, a, b):  # pragma: no cover - compiled
     """min over x in h of (a[i]·x + b[i]) mod (2^31 − 1), per i (2^31 − 1 when h is empty);
-    a, b, h uint64 with a·x + b < 2^64."""
+    a, b, h uint64 below 2^31 − 1 (so a·x + b < 2^62). The modulo without a division, as
+    ``similarity._mod_p31``: two folds ``(v & p) + (v >> 31)`` leave ``v ≡ a·x + b`` with
+    ``v ≤ p``, and ``p`` itself is 0."""
     k = a.shape[0]
     out = np.empty(k, dtype=np.uint64)
     p = np.uint64(_P31)
+    s31 = np.uint64(31)
+    zero = np.uint64(0)
     for i in range(k):
         ai = a[i]
         bi = b[i]
         m = p
         for j in range(h.shape[0]):
-            v = (ai * h[j] + bi) % p
+            v = ai * h[j] + bi
+            v = (v & p) + (v >> s31)
+            v = (v & p) + (v >> s31)
+            if v == p:
+                v = zero
             if v < m:
                 m = v
         out[i] = m
@@ -107,9 +115,10 @@ def minhash(h, a, b):  # pragma: no cover - compiled
 
 
 @_jit
-def bucket_slots(keys, slots, directory, shift, query, dead, any_dead):  # pragma: no cover - compiled
+def bucket_slots(keys, slots, directory, shift, query, dead, any_dead, extra):  # pragma: no cover - compiled
     """Sorted unique ``slots[j]`` for every j with ``keys[j]`` in ``query`` (``keys``
-    ascending; entries whose slot is ``dead`` skipped when ``any_dead``). ``directory[p]``
+    ascending; entries whose slot is ``dead`` skipped when ``any_dead``), and the slots of
+    ``extra`` (the fresh buckets' hits: never dead). ``directory[p]``
     is the first j with ``keys[j] >> shift >= p`` (so the keys equal to q lie in
     ``[directory[q >> shift], directory[(q >> shift) + 1])``: a few entries, not a binary
     search over all of them)."""
@@ -134,8 +143,9 @@ def bucket_slots(keys, slots, directory, shift, query, dead, any_dead):  # pragm
         los[i] = lo
         his[i] = hi
         total += hi - lo
-    found = np.empty(total, dtype=np.int64)
-    f = 0
+    found = np.empty(total + extra.shape[0], dtype=np.int64)
+    found[: extra.shape[0]] = extra
+    f = extra.shape[0]
     for i in range(nq):
         for j in range(los[i], his[i]):
             s = slots[j]

@@ -542,15 +542,13 @@ class _BandTable:
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Sorted unique slots of the live nodes sharing at least one key with ``keys``
         (ascending band-tagged keys: one per band)."""
-        parts = []
-        if self._keys.size and USE_KERNELS:
-            found = _kernels.bucket_slots(
-                self._keys, self._slots, self._dir, self._dir_shift, keys, self._dead, self._n_dead > 0
+        extra = self._fresh_hits(keys)
+        if USE_KERNELS:
+            return _kernels.bucket_slots(
+                self._keys, self._slots, self._dir, self._dir_shift, keys, self._dead, self._n_dead > 0, extra
             )
-            if not self._fresh:
-                return found
-            parts.append(found)
-        elif self._keys.size:
+        parts = [extra]
+        if self._keys.size:
             lo = np.searchsorted(self._keys, keys, "left")
             hi = np.searchsorted(self._keys, keys, "right")
             lens = hi - lo
@@ -562,19 +560,6 @@ class _BandTable:
                 if self._n_dead:
                     found = found[~self._dead[found]]
                 parts.append(found)
-        if self._fresh:
-            extra: list[int] = []
-            for cur in map(self._fresh.get, keys.tolist()):
-                if cur is None:
-                    continue
-                if isinstance(cur, set):
-                    extra.extend(cur)
-                else:
-                    extra.append(cur)
-            if extra:
-                parts.append(np.asarray(extra, dtype=np.int32))
-        if not parts:
-            return np.empty(0, dtype=np.int64)
         found = np.concatenate(parts).astype(np.int64)
         if not found.size:
             return found
@@ -583,6 +568,19 @@ class _BandTable:
         first[0] = True
         np.not_equal(found[1:], found[:-1], out=first[1:])
         return found[first]
+
+    def _fresh_hits(self, keys: np.ndarray) -> np.ndarray:
+        """The slots in the fresh buckets of ``keys`` (repeats possible)."""
+        extra: list[int] = []
+        if self._fresh:
+            for cur in map(self._fresh.get, keys.tolist()):
+                if cur is None:
+                    continue
+                if isinstance(cur, set):
+                    extra.extend(cur)
+                else:
+                    extra.append(cur)
+        return np.array(extra, dtype=np.int32)
 
 
 # --------------------------------------------------------------------------------------------
@@ -794,6 +792,10 @@ class SimilarityIndex:
         self.config = config or IndexConfig()
         c = self.config
         self._minhash = shared_minhasher(c.num_perm, c.seed)
+        #: the least count of equal values whose share passes ``text_verify_floor`` (the
+        #: same float test, ``k / num_perm >= floor``, done once instead of per hit)
+        floor = c.text_verify_floor
+        self._verify_min_equal = next((k for k in range(c.num_perm + 1) if floor is None or k / c.num_perm >= floor), c.num_perm + 1)
         #: every indexed node: node_id -> (text, embedding) — what the hash tables are built from
         self._nodes: dict[str, tuple[str, Sequence[float] | None]] = {}
         #: the hash tables exist (built the first time a query finds more than
@@ -1056,7 +1058,7 @@ class SimilarityIndex:
             # the share of equal low bytes is at least the share of equal values (b-bit
             # MinHash): this keeps every hit the full values would keep, and a few more
             equal = sigs.equal_counts(at, query.signature.astype(np.uint8))
-            at = at[equal / c.num_perm >= c.text_verify_floor]
+            at = at[equal >= self._verify_min_equal]
         self.last_raw_candidates = raw
         if not score:
             out.update(slot_ids[s] for s in at.tolist())

@@ -132,6 +132,12 @@ def test_kernels_give_the_numpy_results(data):
     h = rnd.randint(0, (1 << 31) - 1, size=data.draw(st.integers(0, 90))).astype(np.uint64)
     expect = np.full(64, (1 << 31) - 1, dtype=np.uint64) if h.size == 0 else ((mh._a * h[None, :] + mh._b) % mh._p).min(axis=1)
     assert (_kernels.minhash(h, mh._a_flat, mh._b_flat) == expect).all()
+    # values that are 0 mod p: a·x + b = 0 and = p (the division-free modulo folds p to 0)
+    p31 = (1 << 31) - 1
+    a, b = np.array([1, 1, 5], dtype=np.uint64), np.array([0, 1, 3], dtype=np.uint64)
+    for xs in ([0, 9], [p31 - 1, 4], [p31 - 2, 1]):
+        hx = np.array(xs, dtype=np.uint64)
+        assert (_kernels.minhash(hx, a, b) == ((a[:, None] * hx[None, :] + b[:, None]) % p31).min(axis=1)).all()
 
     rows = rnd.randint(0, 4, size=(40, 32)).astype(np.uint8)
     at = rnd.randint(0, 40, size=data.draw(st.integers(0, 60))).astype(np.int64)
@@ -152,9 +158,12 @@ def test_kernels_give_the_numpy_results(data):
         query[: bands // 2 + 1] = rnd.choice(keys, size=bands // 2 + 1)  # some keys that are there
     query.sort()
     directory, shift = sim.key_directory(keys, bands, data.draw(st.integers(1, 9)))
+    extra = rnd.randint(70, 90, size=data.draw(st.integers(0, 5))).astype(np.int32)  # fresh hits, repeats too
     hit = np.isin(keys, query) & ~dead[slots]
-    assert (_kernels.bucket_slots(keys, slots, directory, shift, query, dead, True) == np.unique(slots[hit])).all()
-    assert (_kernels.bucket_slots(keys, slots, directory, shift, query, dead, False) == np.unique(slots[np.isin(keys, query)])).all()
+    expect = np.unique(np.concatenate((slots[hit], extra)))
+    assert (_kernels.bucket_slots(keys, slots, directory, shift, query, dead, True, extra) == expect).all()
+    expect = np.unique(np.concatenate((slots[np.isin(keys, query)], extra)))
+    assert (_kernels.bucket_slots(keys, slots, directory, shift, query, dead, False, extra) == expect).all()
 
     sigs = rnd.randint(0, (1 << 31) - 1, size=(data.draw(st.integers(0, 5)), 24)).astype(np.uint64)
     rows_per_band = data.draw(st.sampled_from([1, 3, 4]))
