@@ -102,6 +102,29 @@ def test_candidates_are_the_definition_whatever_the_history(kernels, seed, merge
     assert idx.node_ids() == set(live)
 
 
+def test_a_query_then_the_node_it_forms_then_the_query_again(kernels):
+    """The index keeps the last text it hashed (its shingle numbers included): a query whose
+    shingles are new to the user (the first query also builds the hash tables), then the node
+    it forms, then the same text again — the second query scores the new node from its
+    numbers as they are now (Jaccard 1); the node removed and the text added under another id
+    likewise. Every score is ``jaccard`` of the shingle sets."""
+    rnd = random.Random(7)
+    live = {f"n{i}": sentence(rnd) for i in range(20)}
+    idx = SimilarityIndex.from_nodes([{"node_id": n, "content": t, "valid_until": None} for n, t in live.items()], LSH_ONLY)
+    text = "zyxwv qutsr " + live["n3"]  # new words: shingles no node has
+    q = text_shingles(text)
+    found, scores = idx.scored_candidates(text, text_floor=0.0)
+    assert "t" not in found and scores == {n: jaccard(q, text_shingles(live[n])) for n in found}
+    for nid in ("t", "u"):
+        idx.add(nid, text)
+        live[nid] = text
+        found, scores = idx.scored_candidates(text, text_floor=0.0)
+        assert scores == {n: jaccard(q, text_shingles(live[n])) for n in found}
+        assert scores[nid] == 1.0 and found == reference_candidates(LSH_ONLY, live, text)
+        idx.remove(nid)
+        live.pop(nid)
+
+
 @settings(max_examples=8, deadline=None)
 @given(st.integers(0, 10**6))
 def test_verification_keeps_every_node_the_full_values_keep(seed):
