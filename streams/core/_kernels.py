@@ -204,9 +204,11 @@ def member_counts(flat, start, length, at, member):  # pragma: no cover - compil
     out = np.empty(n, dtype=np.int64)
     for i in range(min(n, 2 * AHEAD)):
         prefetch(start, at[i])
+        prefetch(length, at[i])
     for i in range(n):
         if i + 2 * AHEAD < n:
             prefetch(start, at[i + 2 * AHEAD])
+            prefetch(length, at[i + 2 * AHEAD])
         if i + AHEAD < n:
             ahead = at[i + AHEAD]
             for line in range(0, length[ahead], 16):  # 16 int32 a cache line

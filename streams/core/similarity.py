@@ -35,7 +35,10 @@ Two layers, kept apart on purpose:
    equal values — every hit the full values would keep is kept, at a quarter of the memory);
    the exact Jaccard of the verified hits is computed on numbered shingles stored end to end
    (:class:`_Ragged`), and hits below the lowest text threshold are dropped inside the index
-   (:meth:`SimilarityIndex.scored_candidates`). The inner loops (MinHash, bucket lookup,
+   (:meth:`SimilarityIndex.scored_candidates`). A directory over the sorted band keys turns
+   each band's binary search into two reads; each distinct shingle of a user is numbered once
+   with its CRC-32 beside its number (:class:`_ShingleNumbers`), so a text's shingles are
+   looked up in one pass for both its MinHash and its exact Jaccard. The inner loops (MinHash, bucket lookup,
    byte comparison, shingle counting) are compiled with numba when it is installed
    (:mod:`streams.core._kernels`: integer arithmetic only, the same results as the numpy
    expressions, bit for bit). The candidate set is a function of the live nodes and the query
@@ -63,7 +66,7 @@ import unicodedata
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
 import numpy as np
 
@@ -297,7 +300,8 @@ def _band_keys_many(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray
     polynomial mix of its rows (wrap-around intended) cut to 56 bits, ``band << 56 | key``.
     Two nodes collide in band b iff their keys in column b are equal."""
     if USE_KERNELS:
-        return _kernels.band_keys(np.ascontiguousarray(signatures, dtype=np.uint64), bands, rows, _MIX, _KEY_MASK, _BAND_SHIFT)
+        sigs = np.ascontiguousarray(signatures, dtype=np.uint64)
+        return _kernels.band_keys(sigs, bands, rows, _MIX, _KEY_MASK, _BAND_SHIFT)
     return _band_keys_numpy(signatures, bands, rows)
 
 
@@ -329,8 +333,7 @@ def _band_keys(signature: np.ndarray, bands: int, rows: int) -> np.ndarray:
     return _band_keys_many(signature[None, :], bands, rows)[0]
 
 
-@dataclass(frozen=True)
-class _Hashed:
+class _Hashed(NamedTuple):
     """A text as the index sees it: its shingles, their numbers (:class:`_ShingleNumbers`;
     only the numbered ones), its MinHash signature and its band keys."""
 
@@ -448,7 +451,7 @@ class _BandTable:
     (:meth:`_RowStore.drop` with ``hold``), so a stale entry can never name another node.
 
     With the compiled lookup, a directory over the sorted keys (``_dir``: where the keys with
-    each value of their top bits start, about one entry per 8 keys, 4 bytes each) replaces the
+    each value of their top bits start, about one entry per 8 keys, 8 bytes each) replaces the
     binary search of each query key by two reads, each a cache miss on a large user.
 
     The layout changes nothing but speed and memory: ``lookup`` returns exactly the slots of
@@ -795,7 +798,8 @@ class SimilarityIndex:
         #: the least count of equal values whose share passes ``text_verify_floor`` (the
         #: same float test, ``k / num_perm >= floor``, done once instead of per hit)
         floor = c.text_verify_floor
-        self._verify_min_equal = next((k for k in range(c.num_perm + 1) if floor is None or k / c.num_perm >= floor), c.num_perm + 1)
+        passing = (k for k in range(c.num_perm + 1) if floor is None or k / c.num_perm >= floor)
+        self._verify_min_equal = next(passing, c.num_perm + 1)
         #: every indexed node: node_id -> (text, embedding) — what the hash tables are built from
         self._nodes: dict[str, tuple[str, Sequence[float] | None]] = {}
         #: the hash tables exist (built the first time a query finds more than

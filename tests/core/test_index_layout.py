@@ -110,7 +110,8 @@ def test_a_query_then_the_node_it_forms_then_the_query_again(kernels):
     likewise. Every score is ``jaccard`` of the shingle sets."""
     rnd = random.Random(7)
     live = {f"n{i}": sentence(rnd) for i in range(20)}
-    idx = SimilarityIndex.from_nodes([{"node_id": n, "content": t, "valid_until": None} for n, t in live.items()], LSH_ONLY)
+    nodes = [{"node_id": n, "content": t, "valid_until": None} for n, t in live.items()]
+    idx = SimilarityIndex.from_nodes(nodes, LSH_ONLY)
     text = "zyxwv qutsr " + live["n3"]  # new words: shingles no node has
     q = text_shingles(text)
     found, scores = idx.scored_candidates(text, text_floor=0.0)
