@@ -8,7 +8,8 @@ For each size it builds a UserMemory from node records (the restart path), then 
 for a mix of candidates: 1/3 exact re-statements of an existing memory (merge), 1/3 one-word
 edits of one (contradiction band / merge), 1/3 new memories (accept). It reports
 decisions/s (wall clock, and per CPU-second of this process: the figure that depends
-least on what else runs on the machine), the mean number of bucket hits, of verified candidates and of nodes scored
+least on what else runs on the machine), a digest of every output (decision, ledger events,
+node rows: equal digests from two versions of the core mean identical outputs), the mean number of bucket hits, of verified candidates and of nodes scored
 exactly — and, for comparison, the brute-force decider (a scan of every live node) on a few
 candidates, with how many of its decisions the index's decider matches on the same state. Synthetic memories are drawn from 40 sentence templates over a 20,000-word
 pseudo-vocabulary, so unrelated memories share template words like real ones do
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
+import json
 import os
 import random
 import sys
@@ -126,6 +129,21 @@ def candidates(rnd: random.Random, nodes: list[dict], vocab: list[str], count: i
     return out
 
 
+def outputs_digest(outcomes: list) -> str:
+    """SHA-256 of every decision (action, code, target node, score), ledger event and node
+    row, ids included, in order: equal digests from two versions of the core mean the same
+    outputs for the whole run."""
+    h = hashlib.sha256()
+    for out in outcomes:
+        d = out.decision
+        record = {
+            "decision": None if d is None else [d.action, d.code, d.existing_node_id, d.score, d.measure, d.reason],
+            "ledger": out.ledger, "nodes": out.node_upserts, "deleted": out.node_deletions,
+        }
+        h.update(json.dumps(record, sort_keys=True, default=repr).encode())
+    return h.hexdigest()
+
+
 def run(sizes: list[int], decisions: int, dim: int, brute: int, seed: int, config: IndexConfig) -> list[dict]:
     rnd = random.Random(seed)
     vocab = vocabulary(rnd, 20_000)
@@ -136,6 +154,7 @@ def run(sizes: list[int], decisions: int, dim: int, brute: int, seed: int, confi
         cands = candidates(rnd, nodes, vocab, decisions, dim)
         raw = verified = scored = 0
         actions: dict[str, int] = {}
+        outcomes = []
         t0, cpu0 = time.perf_counter(), time.process_time()
         for c in cands:
             out = process_candidate(um, c)
@@ -143,7 +162,9 @@ def run(sizes: list[int], decisions: int, dim: int, brute: int, seed: int, confi
             scored += _DEFAULT_DECIDER.last_scored
             a = out.decision.action if out.decision else "none"
             actions[a] = actions.get(a, 0) + 1
+            outcomes.append(out)
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        digest = outputs_digest(outcomes)
         # verified-candidate size, measured separately on the same queries
         for c in cands[:100]:
             verified += len(um.index.candidates(c["content"], c["embedding"]))
@@ -167,14 +188,14 @@ def run(sizes: list[int], decisions: int, dim: int, brute: int, seed: int, confi
             "decisions_per_cpu_s": decisions / cpu,
             "bucket_hits": raw / decisions, "verified": verified / min(100, len(cands)),
             "scored": scored / decisions, "brute_force_per_s": brute_rate, "agree_with_brute": agree,
-            "actions": actions,
+            "actions": actions, "outputs_digest": digest,
         })
         r = rows[-1]
         print(
             f"{n:>7} nodes dim={dim:<3} build {build_s:6.1f}s | {r['decisions_per_s']:8.0f} decisions/s "
             f"({r['ms_per_decision']:.2f} ms; {r['decisions_per_cpu_s']:.0f} per CPU-s) | hits {r['bucket_hits']:7.1f} verified {r['verified']:6.1f} "
             f"scored {r['scored']:6.1f} | brute force {brute_rate or float('nan'):8.1f}/s"
-            f"{'' if agree is None else f', agrees {agree}/{brute}'} | {actions}",
+            f"{'' if agree is None else f', agrees {agree}/{brute}'} | {actions} | outputs {digest[:16]}",
             flush=True,
         )
         del um, nodes

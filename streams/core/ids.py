@@ -25,13 +25,15 @@ _NAMESPACE_BYTES = NAMESPACE.bytes
 
 def uuid5_str(name: str) -> str:
     """``str(uuid.uuid5(NAMESPACE, name))`` without building ``uuid.UUID`` objects (RFC 4122
-    §4.3: SHA-1 of namespace bytes + name, version nibble 5, variant bits 10); about 3× faster,
-    and it is on the path of every derived event (tests compare it with :func:`uuid.uuid5`)."""
-    h = bytearray(hashlib.sha1(_NAMESPACE_BYTES + name.encode("utf-8")).digest()[:16])
-    h[6] = (h[6] & 0x0F) | 0x50
-    h[8] = (h[8] & 0x3F) | 0x80
-    x = h.hex()
-    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+    §4.3: SHA-1 of namespace bytes + name, version nibble 5, variant bits 10, set on the hex
+    digits); several times faster, and it is on the path of every derived event (tests
+    compare it with :func:`uuid.uuid5`)."""
+    x = hashlib.sha1(_NAMESPACE_BYTES + name.encode("utf-8")).hexdigest()
+    return f"{x[:8]}-{x[8:12]}-5{x[13:16]}-{_VARIANT[x[16]]}{x[17:20]}-{x[20:32]}"
+
+
+#: the first hex digit of the clock-sequence field with the variant bits set to 10
+_VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
 
 
 def derive_id(motebit_id: str, source_id: str, role: str) -> str:

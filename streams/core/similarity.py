@@ -35,7 +35,10 @@ Two layers, kept apart on purpose:
    equal values — every hit the full values would keep is kept, at a quarter of the memory);
    the exact Jaccard of the verified hits is computed on numbered shingles stored end to end
    (:class:`_Ragged`), and hits below the lowest text threshold are dropped inside the index
-   (:meth:`SimilarityIndex.scored_candidates`). The inner loops (MinHash, bucket lookup,
+   (:meth:`SimilarityIndex.scored_candidates`). A directory over the sorted band keys turns
+   each band's binary search into two reads; each distinct shingle of a user is numbered once
+   with its CRC-32 beside its number (:class:`_ShingleNumbers`), so a text's shingles are
+   looked up in one pass for both its MinHash and its exact Jaccard. The inner loops (MinHash, bucket lookup,
    byte comparison, shingle counting) are compiled with numba when it is installed
    (:mod:`streams.core._kernels`: integer arithmetic only, the same results as the numpy
    expressions, bit for bit). The candidate set is a function of the live nodes and the query
@@ -63,7 +66,7 @@ import unicodedata
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
 import numpy as np
 
@@ -96,9 +99,11 @@ NEGATION_WORDS: frozenset[str] = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=1024)
 def normalize_text(text: str) -> str:
     """NFKC, case-folded, apostrophes dropped (``don't`` → ``dont``), every run of
-    non-alphanumeric characters (incl. ``_``) collapsed to one space, trimmed."""
+    non-alphanumeric characters (incl. ``_``) collapsed to one space, trimmed. (Cached: a
+    candidate's text is normalized for its shingles, its polarity and its fingerprint.)"""
     t = unicodedata.normalize("NFKC", text).casefold()
     t = _APOSTROPHES.sub("", t)
     t = _NON_WORD.sub(" ", t)
@@ -212,7 +217,9 @@ def _seeded_field(seed: int, label: str, count: int, lo: int) -> list[int]:
 def shingle_hashes(shingles: Iterable[str]) -> np.ndarray:
     """CRC-32 of each shingle reduced into the field (deterministic across processes,
     unlike ``hash()``)."""
-    return np.fromiter((zlib.crc32(s.encode("utf-8")) % _PRIME_31 for s in shingles), dtype=np.uint64)
+    h = np.fromiter(map(zlib.crc32, map(str.encode, shingles)), dtype=np.uint64)  # UTF-8
+    h %= np.uint64(_PRIME_31)
+    return h
 
 
 _P31 = np.uint64(_PRIME_31)
@@ -292,6 +299,13 @@ def _band_keys_many(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray
     """(n, bands) band-tagged keys of n signatures (rows of ``signatures``): per band, a
     polynomial mix of its rows (wrap-around intended) cut to 56 bits, ``band << 56 | key``.
     Two nodes collide in band b iff their keys in column b are equal."""
+    if USE_KERNELS:
+        sigs = np.ascontiguousarray(signatures, dtype=np.uint64)
+        return _kernels.band_keys(sigs, bands, rows, _MIX, _KEY_MASK, _BAND_SHIFT)
+    return _band_keys_numpy(signatures, bands, rows)
+
+
+def _band_keys_numpy(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
     m = signatures[:, : bands * rows].astype(np.uint64).reshape(signatures.shape[0], bands, rows)
     with np.errstate(over="ignore"):
         k = m[:, :, 0].copy()
@@ -303,9 +317,31 @@ def _band_keys_many(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray
     return k
 
 
+def key_directory(keys: np.ndarray, bands: int, per_entry: int) -> tuple[np.ndarray, np.uint64]:
+    """(directory, shift) of ascending band-tagged keys (all below ``bands << 56``):
+    ``directory[p]`` is the first index whose key has ``key >> shift >= p``, with about
+    ``per_entry`` keys per entry (the keys within a band are uniform: they are hash mixes)."""
+    per_band = max(1, keys.size // (per_entry * max(1, bands)))
+    bits = min(per_band.bit_length() - 1, 48)
+    shift = np.uint64(56 - bits)
+    counts = np.bincount((keys >> shift).astype(np.int64), minlength=bands << bits)
+    return np.concatenate((np.zeros(1, dtype=np.int64), np.cumsum(counts))), shift
+
+
 def _band_keys(signature: np.ndarray, bands: int, rows: int) -> np.ndarray:
     """The band-tagged keys of one signature (ascending: the band is the top byte)."""
     return _band_keys_many(signature[None, :], bands, rows)[0]
+
+
+class _Hashed(NamedTuple):
+    """A text as the index sees it: its shingles, their numbers (:class:`_ShingleNumbers`;
+    only the numbered ones), its MinHash signature and its band keys."""
+
+    text: str
+    shingles: frozenset[str]
+    numbers: np.ndarray
+    signature: np.ndarray
+    band_keys: np.ndarray
 
 
 # --------------------------------------------------------------------------------------------
@@ -414,8 +450,15 @@ class _BandTable:
     arrays until the next merge, masked by ``dead``; its slot is not reused before that
     (:meth:`_RowStore.drop` with ``hold``), so a stale entry can never name another node.
 
+    With the compiled lookup, a directory over the sorted keys (``_dir``: where the keys with
+    each value of their top bits start, about one entry per 8 keys, 8 bytes each) replaces the
+    binary search of each query key by two reads, each a cache miss on a large user.
+
     The layout changes nothing but speed and memory: ``lookup`` returns exactly the slots of
     the nodes that share a key with the query, whatever the history of adds and removes."""
+
+    #: keys per directory entry (on average)
+    keys_per_dir_entry = 8
 
     def __init__(self, bands: int, merge_min: int = 2048) -> None:
         self.bands = bands
@@ -428,13 +471,20 @@ class _BandTable:
         #: nodes added since the last merge: slot -> its keys, and key -> slot | set of slots
         self._fresh_keys: dict[int, np.ndarray] = {}
         self._fresh: dict[int, Any] = {}
+        self._dir_shift = np.uint64(56)
+        self._dir = np.zeros(bands + 1, dtype=np.int64)
+
+    def _set_arrays(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        """The sorted arrays and their directory: ``_dir[p]`` is the first index whose key
+        has ``key >> _dir_shift >= p`` (keys are below ``bands << 56``)."""
+        self._keys, self._slots = keys, slots
+        self._dir, self._dir_shift = key_directory(keys, self.bands, self.keys_per_dir_entry)
 
     def build(self, slots: np.ndarray, keys: np.ndarray) -> None:
         """Replace the contents with nodes ``slots`` having band keys ``keys`` (n, bands)."""
         flat = keys.reshape(-1)
         order = np.argsort(flat, kind="stable")
-        self._keys = flat[order]
-        self._slots = np.repeat(slots.astype(np.int32), self.bands)[order]
+        self._set_arrays(flat[order], np.repeat(slots.astype(np.int32), self.bands)[order])
         self._main = len(slots)
         self._dead = np.zeros(int(slots.max()) + 1 if len(slots) else 0, dtype=bool)
         self._n_dead = 0
@@ -442,8 +492,10 @@ class _BandTable:
 
     def add(self, slot: int, keys: np.ndarray) -> None:
         self._fresh_keys[slot] = keys
+        fresh = self._fresh
         for key in keys.tolist():
-            _bucket_add(self._fresh, key, slot)
+            if fresh.setdefault(key, slot) != slot:  # the key's bucket holds other nodes
+                _bucket_add(fresh, key, slot)
 
     def remove(self, slot: int) -> bool:
         """Forget node ``slot``; False when its entries stay in the arrays until the next
@@ -483,7 +535,7 @@ class _BandTable:
             fk, fs = fk[order], fs[order]
             at = np.searchsorted(keys, fk)
             keys, slots = np.insert(keys, at, fk), np.insert(slots, at, fs)
-        self._keys, self._slots = keys, slots
+        self._set_arrays(keys, slots)
         self._main = len(keys) // self.bands if self.bands else 0
         if slots.size and int(slots.max()) >= self._dead.size:
             self._dead = np.zeros(int(slots.max()) + 1, dtype=bool)
@@ -493,13 +545,13 @@ class _BandTable:
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Sorted unique slots of the live nodes sharing at least one key with ``keys``
         (ascending band-tagged keys: one per band)."""
-        parts = []
-        if self._keys.size and USE_KERNELS:
-            found = _kernels.bucket_slots(self._keys, self._slots, keys, self._dead, self._n_dead > 0)
-            if not self._fresh:
-                return found
-            parts.append(found)
-        elif self._keys.size:
+        extra = self._fresh_hits(keys)
+        if USE_KERNELS:
+            return _kernels.bucket_slots(
+                self._keys, self._slots, self._dir, self._dir_shift, keys, self._dead, self._n_dead > 0, extra
+            )
+        parts = [extra]
+        if self._keys.size:
             lo = np.searchsorted(self._keys, keys, "left")
             hi = np.searchsorted(self._keys, keys, "right")
             lens = hi - lo
@@ -511,21 +563,6 @@ class _BandTable:
                 if self._n_dead:
                     found = found[~self._dead[found]]
                 parts.append(found)
-        if self._fresh:
-            extra: list[int] = []
-            fresh = self._fresh
-            for key in keys.tolist():
-                cur = fresh.get(key)
-                if cur is None:
-                    continue
-                if isinstance(cur, set):
-                    extra.extend(cur)
-                else:
-                    extra.append(cur)
-            if extra:
-                parts.append(np.asarray(extra, dtype=np.int32))
-        if not parts:
-            return np.empty(0, dtype=np.int64)
         found = np.concatenate(parts).astype(np.int64)
         if not found.size:
             return found
@@ -534,6 +571,19 @@ class _BandTable:
         first[0] = True
         np.not_equal(found[1:], found[:-1], out=first[1:])
         return found[first]
+
+    def _fresh_hits(self, keys: np.ndarray) -> np.ndarray:
+        """The slots in the fresh buckets of ``keys`` (repeats possible)."""
+        extra: list[int] = []
+        if self._fresh:
+            for cur in map(self._fresh.get, keys.tolist()):
+                if cur is None:
+                    continue
+                if isinstance(cur, set):
+                    extra.extend(cur)
+                else:
+                    extra.append(cur)
+        return np.array(extra, dtype=np.int32)
 
 
 # --------------------------------------------------------------------------------------------
@@ -664,6 +714,46 @@ class _Ragged:
         return self._flat[idx]
 
 
+class _ShingleNumbers:
+    """Each distinct shingle of a user's indexed texts numbered once (per user, so no
+    collision is possible), its :func:`shingle_hashes` value kept beside its number: one
+    dictionary pass over a text's shingles gives both the numbers (exact Jaccard, see
+    :meth:`_Ragged.member_counts`) and the hashes (MinHash), and a shingle's CRC-32 is
+    computed once per user instead of once per text it occurs in. Numbers are never reused
+    (the numbering is rebuilt with the index)."""
+
+    def __init__(self) -> None:
+        self._of: dict[str, int] = {}
+        self._hash = np.zeros(1024, dtype=np.uint64)
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+    def lookup(self, shingles: Iterable[str], add: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(ascending numbers of the shingles, the hash of each shingle in some order);
+        ``add``: number the shingles that have none yet (else they are left out of the
+        numbers — no indexed node has them)."""
+        of = self._of
+        shingles = list(shingles)
+        found = list(map(of.get, shingles))
+        known = [n for n in found if n is not None]
+        new = [sh for sh, n in zip(shingles, found, strict=True) if n is None] if len(known) < len(found) else []
+        numbers = np.array(known, dtype=np.int64)
+        new_hashes = shingle_hashes(new)
+        hashes = np.concatenate((self._hash[numbers], new_hashes)) if new else self._hash[numbers]
+        if add and new:
+            first = len(of)
+            of.update(zip(new, range(first, first + len(new)), strict=True))
+            if len(of) > self._hash.size:
+                grown = np.zeros(max(len(of), 2 * self._hash.size), dtype=np.uint64)
+                grown[:first] = self._hash[:first]
+                self._hash = grown
+            self._hash[first : len(of)] = new_hashes
+            numbers = np.concatenate((numbers, np.arange(first, len(of), dtype=np.int64)))
+        numbers.sort()
+        return numbers.astype(np.int32), hashes
+
+
 class _Hyperplanes:
     def __init__(self, dim: int, tables: int, bits: int, seed: int) -> None:
         # RandomState's stream is frozen by numpy's compatibility policy (NEP 19), so the
@@ -705,6 +795,11 @@ class SimilarityIndex:
         self.config = config or IndexConfig()
         c = self.config
         self._minhash = shared_minhasher(c.num_perm, c.seed)
+        #: the least count of equal values whose share passes ``text_verify_floor`` (the
+        #: same float test, ``k / num_perm >= floor``, done once instead of per hit)
+        floor = c.text_verify_floor
+        passing = (k for k in range(c.num_perm + 1) if floor is None or k / c.num_perm >= floor)
+        self._verify_min_equal = next(passing, c.num_perm + 1)
         #: every indexed node: node_id -> (text, embedding) — what the hash tables are built from
         self._nodes: dict[str, tuple[str, Sequence[float] | None]] = {}
         #: the hash tables exist (built the first time a query finds more than
@@ -718,13 +813,13 @@ class SimilarityIndex:
         #: per node, the low byte of each MinHash value (b-bit MinHash, b = 8): what bucket
         #: hits are verified on (4× less memory than the values; see ``candidates``)
         self._sigs: _RowStore | None = None
-        #: the last query's (text, shingles, signature, band keys): the node a candidate
-        #: forms has the candidate's text, so it is not hashed twice
-        self._last: tuple[str, frozenset[str], np.ndarray, np.ndarray] | None = None
-        #: hashed users: each distinct shingle of the indexed texts numbered (per user, so no
-        #: collision is possible), and per node the sorted numbers of its shingle set — exact
-        #: Jaccard of many nodes at once (:meth:`_jaccard_slots`)
-        self._vocab: dict[str, int] = {}
+        #: the last text hashed (a query or an added node): the node a candidate forms has
+        #: the candidate's text, so it is not hashed twice
+        self._last: _Hashed | None = None
+        #: hashed users: each distinct shingle of the indexed texts numbered, and per node the
+        #: sorted numbers of its shingle set — exact Jaccard of many nodes at once
+        #: (:meth:`_jaccard_slots`)
+        self._vocab = _ShingleNumbers()
         self._shingle_ids = _Ragged()  # by signature slot
         # node_id -> (dim, codes)
         self._emb: dict[str, tuple[int, tuple[int, ...]]] = {}
@@ -756,26 +851,23 @@ class SimilarityIndex:
             self._emb_rows[dim] = _RowStore(dim, np.float32)
         return hp
 
-    def _hashed_text(
-        self, text: str, shingles: frozenset[str] | None = None
-    ) -> tuple[frozenset[str], np.ndarray, np.ndarray]:
-        """(shingles, MinHash signature, band keys) of a text (the last one is remembered)."""
+    def _hashed_text(self, text: str, shingles: frozenset[str] | None = None, add: bool = False) -> _Hashed:
+        """The shingles, their numbers, the MinHash signature and the band keys of a text
+        (``add``: every shingle numbered, for a node being indexed). The last one is kept:
+        its numbers stay right because every text added after it replaces it."""
         last = self._last
-        if last is not None and last[0] == text:
-            return last[1], last[2], last[3]
+        if last is not None and last.text == text and (not add or last.numbers.size == len(last.shingles)):
+            return last
         if shingles is None:
-            shingles = text_shingles(text)
-        sig = self._minhash.signature(shingles)
-        c = self.config
-        keys = _band_keys(sig, c.text_bands, c.text_rows)
-        self._last = (text, shingles, sig, keys)
-        return shingles, sig, keys
-
-    def _shingle_numbers(self, shingles: frozenset[str]) -> np.ndarray:
-        vocab = self._vocab
-        return np.unique(
-            np.fromiter((vocab.setdefault(x, len(vocab)) for x in shingles), dtype=np.int32, count=len(shingles))
-        )
+            shingles = last.shingles if last is not None and last.text == text else text_shingles(text)
+        numbers, hashes = self._vocab.lookup(shingles, add)
+        if last is not None and last.text == text:  # a query's text, now added: numbers only
+            sig, keys = last.signature, last.band_keys
+        else:
+            sig = self._minhash.signature_of_hashes(hashes)
+            keys = _band_keys(sig, self.config.text_bands, self.config.text_rows)
+        self._last = _Hashed(text, shingles, numbers, sig, keys)
+        return self._last
 
     # -- mutation ----------------------------------------------------------------------
     def add(self, node_id: str, text: str, embedding: Sequence[float] | None = None) -> None:
@@ -789,13 +881,13 @@ class SimilarityIndex:
             self._shingles.clear()  # no longer scanned exactly: the cache would only grow
 
     def _hash_node(self, node_id: str, text: str, embedding: Sequence[float] | None) -> None:
-        shingles, sig, keys = self._hashed_text(text)
+        hashed = self._hashed_text(text, add=True)
         sigs, bands = self._sigs, self._bands
         assert sigs is not None and bands is not None
-        sigs.put(node_id, sig.astype(np.uint8))  # the low byte of each value
+        sigs.put(node_id, hashed.signature.astype(np.uint8))  # the low byte of each value
         slot = sigs.slot_of(node_id)
-        self._shingle_ids.put(slot, self._shingle_numbers(shingles))
-        bands.add(slot, keys)  # the buckets hold signature slots (ints)
+        self._shingle_ids.put(slot, hashed.numbers)
+        bands.add(slot, hashed.band_keys)  # the buckets hold signature slots (ints)
         if bands.needs_merge():
             sigs.release(bands.merge())
         self._hash_embedding(node_id, embedding)
@@ -817,17 +909,18 @@ class SimilarityIndex:
         self._hashed = True
         self._bands = _BandTable(c.text_bands, self.band_merge_min)
         sigs = self._sigs = _RowStore(c.num_perm, np.uint8)
+        self._last = None
         order = sorted(self._nodes)
         all_keys = []
         for i in range(0, len(order), chunk):
             ids = order[i : i + chunk]
-            shingles = [text_shingles(self._nodes[n][0]) for n in ids]
-            block = self._minhash.signatures([shingle_hashes(sh) for sh in shingles])
+            numbered = [self._vocab.lookup(text_shingles(self._nodes[n][0]), add=True) for n in ids]
+            block = self._minhash.signatures([hashes for _, hashes in numbered])
             all_keys.append(_band_keys_many(block, c.text_bands, c.text_rows))
             low = block.astype(np.uint8)
-            for j, (node_id, sh) in enumerate(zip(ids, shingles, strict=True)):
+            for j, (node_id, (numbers, _)) in enumerate(zip(ids, numbered, strict=True)):
                 sigs.put(node_id, low[j])
-                self._shingle_ids.put(sigs.slot_of(node_id), self._shingle_numbers(sh))
+                self._shingle_ids.put(sigs.slot_of(node_id), numbers)
                 self._hash_embedding(node_id, self._nodes[node_id][1])
         slots = np.fromiter((sigs.slot_of(n) for n in order), dtype=np.int64, count=len(order))
         keys = np.concatenate(all_keys) if all_keys else np.empty((0, c.text_bands), dtype=np.uint64)
@@ -879,19 +972,18 @@ class SimilarityIndex:
             self._shingles[node_id] = (text, sh)
         return sh
 
-    def _jaccard_slots(self, shingles: frozenset[str], at: np.ndarray) -> np.ndarray:
-        """``jaccard(shingles, text_shingles(text of node))`` for the nodes in signature slots
-        ``at`` — the same floats, bit for bit (integer counts, one division), computed on the
-        numbered shingle sets in one pass instead of one set per node."""
+    def _jaccard_slots(self, query: _Hashed, at: np.ndarray) -> np.ndarray:
+        """``jaccard(query.shingles, text_shingles(text of node))`` for the nodes in signature
+        slots ``at`` — the same floats, bit for bit (integer counts, one division), computed on
+        the numbered shingle sets in one pass instead of one set per node."""
         if not at.size:
             return np.empty(0, dtype=np.float64)
-        vocab = self._vocab
-        member = np.zeros(len(vocab), dtype=bool)  # which numbered shingles the query has
-        member[np.fromiter((n for n in map(vocab.get, shingles) if n is not None), dtype=np.int64)] = True
+        member = np.zeros(len(self._vocab), dtype=bool)  # which numbered shingles the query has
+        member[query.numbers] = True
         rows = self._shingle_ids
         sizes = rows.length[at]
         inter = rows.member_counts(at, member)
-        union = sizes + len(shingles) - inter
+        union = sizes + len(query.shingles) - inter
         # int / int in float64 is the correctly rounded quotient, as Python's int / int
         return np.where(union == 0, 0.0, inter / np.maximum(union, 1))
 
@@ -953,10 +1045,10 @@ class SimilarityIndex:
                     est = self._emb_rows[dim].rows(ids) @ unit.astype(np.float32)
                     hits = {i for i, e in zip(ids, est.tolist(), strict=True) if e >= c.embedding_verify_floor}
                 out |= hits
-        shingles, sig, keys = self._hashed_text(text, shingles)
+        query = self._hashed_text(text, shingles)
         sigs, bands = self._sigs, self._bands
         assert sigs is not None and bands is not None
-        at = bands.lookup(keys)
+        at = bands.lookup(query.band_keys)
         slot_ids = sigs.ids
         if dim is not None and at.size:
             # scored by cosine: their recall comes from the hyperplanes
@@ -969,13 +1061,13 @@ class SimilarityIndex:
         if at.size and c.text_verify_floor is not None:
             # the share of equal low bytes is at least the share of equal values (b-bit
             # MinHash): this keeps every hit the full values would keep, and a few more
-            equal = sigs.equal_counts(at, sig.astype(np.uint8))
-            at = at[equal / c.num_perm >= c.text_verify_floor]
+            equal = sigs.equal_counts(at, query.signature.astype(np.uint8))
+            at = at[equal >= self._verify_min_equal]
         self.last_raw_candidates = raw
         if not score:
             out.update(slot_ids[s] for s in at.tolist())
             return out, {}
-        jac = self._jaccard_slots(shingles, at)
+        jac = self._jaccard_slots(query, at)
         if text_floor is not None and dim is None:
             keep = jac >= text_floor
             at, jac = at[keep], jac[keep]

@@ -102,6 +102,30 @@ def test_candidates_are_the_definition_whatever_the_history(kernels, seed, merge
     assert idx.node_ids() == set(live)
 
 
+def test_a_query_then_the_node_it_forms_then_the_query_again(kernels):
+    """The index keeps the last text it hashed (its shingle numbers included): a query whose
+    shingles are new to the user (the first query also builds the hash tables), then the node
+    it forms, then the same text again — the second query scores the new node from its
+    numbers as they are now (Jaccard 1); the node removed and the text added under another id
+    likewise. Every score is ``jaccard`` of the shingle sets."""
+    rnd = random.Random(7)
+    live = {f"n{i}": sentence(rnd) for i in range(20)}
+    nodes = [{"node_id": n, "content": t, "valid_until": None} for n, t in live.items()]
+    idx = SimilarityIndex.from_nodes(nodes, LSH_ONLY)
+    text = "zyxwv qutsr " + live["n3"]  # new words: shingles no node has
+    q = text_shingles(text)
+    found, scores = idx.scored_candidates(text, text_floor=0.0)
+    assert "t" not in found and scores == {n: jaccard(q, text_shingles(live[n])) for n in found}
+    for nid in ("t", "u"):
+        idx.add(nid, text)
+        live[nid] = text
+        found, scores = idx.scored_candidates(text, text_floor=0.0)
+        assert scores == {n: jaccard(q, text_shingles(live[n])) for n in found}
+        assert scores[nid] == 1.0 and found == reference_candidates(LSH_ONLY, live, text)
+        idx.remove(nid)
+        live.pop(nid)
+
+
 @settings(max_examples=8, deadline=None)
 @given(st.integers(0, 10**6))
 def test_verification_keeps_every_node_the_full_values_keep(seed):
@@ -132,6 +156,12 @@ def test_kernels_give_the_numpy_results(data):
     h = rnd.randint(0, (1 << 31) - 1, size=data.draw(st.integers(0, 90))).astype(np.uint64)
     expect = np.full(64, (1 << 31) - 1, dtype=np.uint64) if h.size == 0 else ((mh._a * h[None, :] + mh._b) % mh._p).min(axis=1)
     assert (_kernels.minhash(h, mh._a_flat, mh._b_flat) == expect).all()
+    # values that are 0 mod p: a·x + b = 0 and = p (the division-free modulo folds p to 0)
+    p31 = (1 << 31) - 1
+    a, b = np.array([1, 1, 5], dtype=np.uint64), np.array([0, 1, 3], dtype=np.uint64)
+    for xs in ([0, 9], [p31 - 1, 4], [p31 - 2, 1]):
+        hx = np.array(xs, dtype=np.uint64)
+        assert (_kernels.minhash(hx, a, b) == ((a[:, None] * hx[None, :] + b[:, None]) % p31).min(axis=1)).all()
 
     rows = rnd.randint(0, 4, size=(40, 32)).astype(np.uint8)
     at = rnd.randint(0, 40, size=data.draw(st.integers(0, 60))).astype(np.int64)
@@ -139,13 +169,30 @@ def test_kernels_give_the_numpy_results(data):
     assert (_kernels.equal_counts(rows, at, q) == (rows[at] == q[None, :]).sum(axis=1)).all()
     assert (_kernels.equal_byte_counts(rows.view(np.uint64), at, q.view(np.uint64)) == (rows[at] == q[None, :]).sum(axis=1)).all()
 
-    keys = np.sort(rnd.randint(0, 50, size=300).astype(np.uint64))
-    slots = rnd.randint(0, 70, size=300).astype(np.int32)
+    # band-tagged keys of 3 bands, many equal (small key values) or spread over the 56 bits
+    bands = 3
+    spread = data.draw(st.sampled_from([50, 1 << 56]))
+    size = data.draw(st.integers(0, 300))
+    tag = rnd.randint(0, bands, size=size).astype(np.uint64) << np.uint64(56)
+    keys = np.sort(tag | rnd.randint(0, spread, size=size, dtype=np.uint64))
+    slots = rnd.randint(0, 70, size=size).astype(np.int32)
     dead = rnd.rand(70) < 0.2
-    query = np.sort(rnd.randint(0, 60, size=8).astype(np.uint64))
+    query = (np.arange(bands, dtype=np.uint64) << np.uint64(56)) | rnd.randint(0, spread, size=bands, dtype=np.uint64)
+    if size:
+        query[: bands // 2 + 1] = rnd.choice(keys, size=bands // 2 + 1)  # some keys that are there
+    query.sort()
+    directory, shift = sim.key_directory(keys, bands, data.draw(st.integers(1, 9)))
+    extra = rnd.randint(70, 90, size=data.draw(st.integers(0, 5))).astype(np.int32)  # fresh hits, repeats too
     hit = np.isin(keys, query) & ~dead[slots]
-    assert (_kernels.bucket_slots(keys, slots, query, dead, True) == np.unique(slots[hit])).all()
-    assert (_kernels.bucket_slots(keys, slots, query, dead, False) == np.unique(slots[np.isin(keys, query)])).all()
+    expect = np.unique(np.concatenate((slots[hit], extra)))
+    assert (_kernels.bucket_slots(keys, slots, directory, shift, query, dead, True, extra) == expect).all()
+    expect = np.unique(np.concatenate((slots[np.isin(keys, query)], extra)))
+    assert (_kernels.bucket_slots(keys, slots, directory, shift, query, dead, False, extra) == expect).all()
+
+    sigs = rnd.randint(0, (1 << 31) - 1, size=(data.draw(st.integers(0, 5)), 24)).astype(np.uint64)
+    rows_per_band = data.draw(st.sampled_from([1, 3, 4]))
+    got = _kernels.band_keys(sigs, 24 // rows_per_band, rows_per_band, sim._MIX, sim._KEY_MASK, sim._BAND_SHIFT)
+    assert (got == sim._band_keys_numpy(sigs, 24 // rows_per_band, rows_per_band)).all()
 
 
 def test_the_layout_does_not_change_decisions(monkeypatch):
