@@ -116,8 +116,9 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
        fetch at 586, gap 534..586, commit 587). Here a stream partition's records fetched before
        it was sought since its assignment are dropped and the partition is sought to their
        first offset, and the first fetch after any seek must start exactly where the partition
-       was sought (else it is dropped and the partition sought there again, once: a start past
-       it is then legitimate — transaction markers, aborted or deleted records).
+       was sought (else it is dropped and the partition sought there again, once: the fetch
+       after that is delivered wherever it starts — past it, transaction markers, aborted or
+       deleted records; before it, an offset the broker reset — unless it overlapped a move).
     """
 
     _deferred: set
@@ -127,8 +128,8 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
     #: stream partitions sought since their last accepted fetch: that fetch must start exactly
     #: where they were sought (defect 7)
     _sought: set
-    #: stream partitions this consumer sought again after dropping a fetch: the next fetch may
-    #: start past the offset (transaction markers, aborted or deleted records lie before it)
+    #: stream partitions this consumer sought again after dropping a fetch: the next fetch is
+    #: delivered wherever it starts unless it overlapped a move (see `refetch_from`)
     _lenient: set
     #: counts seeks and rebalances: a fetch during which it changed may hold stale records
     _moves: int
