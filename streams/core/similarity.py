@@ -62,6 +62,7 @@ import functools
 import hashlib
 import math
 import re
+import threading
 import unicodedata
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -99,15 +100,54 @@ NEGATION_WORDS: frozenset[str] = frozenset(
 )
 
 
-@functools.lru_cache(maxsize=1024)
-def normalize_text(text: str) -> str:
-    """NFKC, case-folded, apostrophes dropped (``don't`` → ``dont``), every run of
-    non-alphanumeric characters (incl. ``_``) collapsed to one space, trimmed. (Cached: a
-    candidate's text is normalized for its shingles, its polarity and its fingerprint.)"""
+#: Most characters (keys and values together) the cache of `normalize_text` holds. Bounded by size,
+#: not by entries: NFKC can expand a character up to 18-fold (U+FDFA), so 1,024 entries of
+#: hostile 16 KiB contents could hold ~200 MB; this bound keeps the cache under ~4 MiB of
+#: characters (16 MiB at 4 bytes per character) whatever the input.
+NORMALIZE_CACHE_MAX_CHARS = 4 * 1024 * 1024
+#: A text longer than this is normalized every time, never cached (one such entry would evict many).
+NORMALIZE_CACHE_MAX_TEXT = 64 * 1024
+
+_normalized: dict[str, str] = {}  # insertion order = recency (a hit moves its entry to the end)
+_normalized_chars = 0
+_normalized_lock = threading.Lock()  # the core runs on the event loop; a thread may call it too
+
+
+def _normalize(text: str) -> str:
     t = unicodedata.normalize("NFKC", text).casefold()
     t = _APOSTROPHES.sub("", t)
     t = _NON_WORD.sub(" ", t)
     return t.strip()
+
+
+def normalize_text(text: str) -> str:
+    """NFKC, case-folded, apostrophes dropped (``don't`` → ``dont``), every run of
+    non-alphanumeric characters (incl. ``_``) collapsed to one space, trimmed. (Cached, least
+    recently used out first, within NORMALIZE_CACHE_MAX_CHARS: a candidate's text is normalized
+    for its shingles, its polarity and its fingerprint.)"""
+    global _normalized_chars
+    with _normalized_lock:
+        hit = _normalized.pop(text, None)
+        if hit is not None:
+            _normalized[text] = hit
+            return hit
+    out = _normalize(text)
+    size = len(text) + len(out)
+    if size > NORMALIZE_CACHE_MAX_TEXT:
+        return out
+    with _normalized_lock:
+        if text not in _normalized:
+            while _normalized and _normalized_chars + size > NORMALIZE_CACHE_MAX_CHARS:
+                oldest = next(iter(_normalized))
+                _normalized_chars -= len(oldest) + len(_normalized.pop(oldest))
+            _normalized[text] = out
+            _normalized_chars += size
+    return out
+
+
+def normalize_cache_chars() -> int:
+    """Characters the cache of `normalize_text` holds now (keys and values; for tests and metrics)."""
+    return _normalized_chars
 
 
 def char_shingles(normalized: str, n: int = CHAR_N) -> set[str]:

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from streams.core import similarity
 from streams.core.similarity import (
     IndexConfig,
     SimilarityIndex,
@@ -27,6 +28,31 @@ def test_normalization():
     assert normalize_text("Straße_name") == "strasse name"
     assert normalize_text("ｆｕｌｌｗｉｄｔｈ") == "fullwidth"
     assert normalize_text("...") == ""
+
+
+def test_normalization_cache_is_bounded_by_characters_not_entries():
+    """Hostile contents that NFKC expands 18-fold (U+FDFA) at the 16 KiB content limit: the
+    cache never holds more than NORMALIZE_CACHE_MAX_CHARS, and a cached answer equals a fresh one."""
+    hostile = ["\ufdfa" * 5_461 + str(i) for i in range(40)]  # 16 KiB of UTF-8 each, ~98k chars normalized
+    short = [f"memory number {i}" for i in range(5_000)]
+    assert len(similarity._normalize(hostile[0])) > 90_000
+    for text in hostile + short + hostile[:3] + short[:10]:
+        assert normalize_text(text) == similarity._normalize(text)
+        assert similarity.normalize_cache_chars() <= similarity.NORMALIZE_CACHE_MAX_CHARS
+    assert hostile[0] not in similarity._normalized  # over NORMALIZE_CACHE_MAX_TEXT: never cached
+    assert short[-1] in similarity._normalized and short[0] in similarity._normalized  # short texts: cached
+
+
+def test_normalization_cache_evicts_the_least_recently_used(monkeypatch):
+    monkeypatch.setattr(similarity, "NORMALIZE_CACHE_MAX_CHARS", 3 * len("abcd" * 2))
+    monkeypatch.setattr(similarity, "_normalized", {})
+    monkeypatch.setattr(similarity, "_normalized_chars", 0)
+    for t in ("abcd", "efgh", "ijkl"):
+        normalize_text(t)
+    normalize_text("abcd")  # now the most recent
+    normalize_text("mnop")  # evicts "efgh"
+    assert list(similarity._normalized) == ["ijkl", "abcd", "mnop"]
+    assert similarity.normalize_cache_chars() == 3 * 8
 
 
 def test_shingles():
