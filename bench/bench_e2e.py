@@ -600,15 +600,20 @@ class Recovery:
     ready_rss_mib: float
     rss_mib: float
     first_query_s: float = 0.0  #: the slowest first query of one user (each user is read on its first touch)
+    restore: str = "ahead"  #: MEMSTREAM_RESTORE_AHEAD of the run: "ahead" (true) or "faust" (false)
 
 
-def recovery_run(settings: Settings, app_id: str, nodes: int, users: int, store: str, run: Path) -> Recovery:
+def recovery_run(settings: Settings, app_id: str, nodes: int, users: int, store: str, run: Path,
+                 restore: str = "ahead") -> Recovery:
     """Start a worker on an empty data dir; time until /health is ready and a query answers, then
-    the first query of two more users (each user's state is read on its first query)."""
-    say(f"\n== recovery: {nodes:,} nodes / {users} users, {store} (app id {app_id})")
+    the first query of two more users (each user's state is read on its first query). `restore`:
+    "ahead" (the bulk restore before the worker joins, streams/runtime/restore.py) or "faust"
+    (MEMSTREAM_RESTORE_AHEAD=false: Faust's record-by-record restore only)."""
+    say(f"\n== recovery: {nodes:,} nodes / {users} users, {store}, restore {restore} (app id {app_id})")
     kafkatools.position_group(settings, app_id, kafkatools.end_offsets(settings, INPUTS))
-    port, tag = free_port(), store.split(":")[0]
+    port, tag = free_port(), f"{store.split(':')[0]}-{restore}"
     env, log = worker_env(port, store, run / "data" / f"{app_id}-{tag}"), run / f"{app_id}-{tag}.log"
+    env["MEMSTREAM_RESTORE_AHEAD"] = str(restore == "ahead").lower()
     started = time.monotonic()
     worker = Worker(kafkatools.spawn_worker(settings, app_id, log, env), port, log)
     firsts = []
@@ -629,7 +634,7 @@ def recovery_run(settings: Settings, app_id: str, nodes: int, users: int, store:
         stop([worker])
     say(f"   first query answered after {queried:.1f}s; first query of a user took "
         f"{' / '.join(f'{f * 1000:,.0f} ms' for f in firsts)}; peak RSS {rss:,.0f} MiB")
-    return Recovery(nodes, users, store, ready, queried, ready_rss, rss, max(firsts))
+    return Recovery(nodes, users, store, ready, queried, ready_rss, rss, max(firsts), restore)
 
 
 def wait_ready(worker: Worker, timeout: float = 3600) -> None:
@@ -738,10 +743,10 @@ def report(settings: Settings, args: argparse.Namespace, records: int, generator
             f"{percentile(w, .5):,.0f} ms | {percentile(w, .99):,.0f} ms | "
             f"{percentile(lat.early_ms, .5):,.0f} ms | {percentile(lat.late_ms, .5):,.0f} ms | {100 * lat.busy:.0f}% |")
     if recoveries:
-        say("\n| recovery: nodes | users | store | /health ready | first query answered | slowest first query of a user "
-            "| peak RSS at ready | peak RSS |\n|---|---|---|---|---|---|---|---|")
+        say("\n| recovery: nodes | users | store | restore | /health ready | first query answered | slowest first query "
+            "of a user | peak RSS at ready | peak RSS |\n|---|---|---|---|---|---|---|---|---|")
         for c in recoveries:
-            say(f"| {c.nodes:,} | {c.users} | {c.store} | {c.ready_s:.1f} s | {c.query_s:.1f} s | "
+            say(f"| {c.nodes:,} | {c.users} | {c.store} | {c.restore} | {c.ready_s:.1f} s | {c.query_s:.1f} s | "
                 f"{c.first_query_s * 1000:,.0f} ms | {c.ready_rss_mib:,.0f} MiB | {c.rss_mib:,.0f} MiB |")
 
 
@@ -786,6 +791,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="records/s of the latency run, comma-separated for several runs (0 = half the one-worker rate)")
     ap.add_argument("--recovery-nodes", default="100000,1000000", help="memory nodes to recover, comma-separated ('' = skip)")
     ap.add_argument("--recovery-users", type=int, default=100)
+    ap.add_argument("--restore", default="faust,ahead",
+                    help="restore modes of each recovery run, comma-separated: faust (MEMSTREAM_RESTORE_AHEAD=false), ahead")
     ap.add_argument("--recovery-only", action="store_true", help="only the recovery runs (no load, peers, throughput or latency runs)")
     ap.add_argument("--stores", default="rocksdb://,memory://", help="stores of the one-worker and recovery runs")
     ap.add_argument("--no-scaling", action="store_true", help="skip the two-worker run")
@@ -832,7 +839,8 @@ def recovery_runs(settings: Settings, args: argparse.Namespace, stores: list[str
         say(f"\n== synthesizing {nodes:,} nodes for {args.recovery_users} users")
         write_state(settings, app_id, recovery_rows(settings, nodes, args.recovery_users),
                     nodes + args.recovery_users * state_rows_per_user(settings, settings.dedup_max_ids))
-        recoveries += [recovery_run(settings, app_id, nodes, args.recovery_users, s, run) for s in stores]
+        recoveries += [recovery_run(settings, app_id, nodes, args.recovery_users, s, run, r)
+                       for s in stores for r in args.restore.split(",")]
     return recoveries
 
 

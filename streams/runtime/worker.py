@@ -48,6 +48,10 @@ def run(settings: Settings) -> int:
     faust_internals.warn_if_unpinned(log)  # another faust-streaming/aiokafka/mode: one WARNING, not a crash
     rt.probe = WorkerProbe(settings, rt.codecs)
     rt.probe.start(cluster_id(settings))  # disk and registry ids checked before anything is consumed
+    from streams.runtime import restore
+
+    # before Faust opens the stores (it then restores only what came after); the probe watches the disk meanwhile
+    restore.run(settings, rt.tables.values())
 
     # SIGTERM / SIGINT: bounded, whatever the state
     class _Worker(faust_internals.worker_class(lambda: arm_shutdown_deadline(settings.shutdown_timeout_s))):  # type: ignore[misc]

@@ -1,0 +1,250 @@
+"""Restore ahead: the tables' changelogs copied into the local stores in bulk, before the worker
+joins the group (MEMSTREAM_RESTORE_AHEAD).
+
+Faust restores a table partition record by record: every changelog row passes its consumer,
+its per-message recovery bookkeeping and a JSON decode it never uses, about 100 µs per row
+(bench/RESULTS.md, "recovery and bounded memory"): 1M memory nodes took ~110 s on an idle
+2-core VM before `/health` was ready. A worker that starts with an empty data dir (its first
+start, or any start after an unclean stop, which discards the local tables: `worker.py`) pays
+that in full.
+
+So before Faust starts, `restore_ahead` reads every partition of every table changelog, from
+where the local store left it to the high watermark it saw when it began, with one librdkafka
+consumer outside the consumer group (assigned partitions, nothing committed), and writes the
+rows into the partition's RocksDB exactly as Faust's own restore does (raw key → raw value; a
+tombstone deletes), in write batches. Faust then reads the persisted offset each batch left and
+restores only what came after it: the rows written since, by the workers that own them.
+
+Which partitions: all of them. Before joining, a worker cannot know which partitions it will
+get, and with the default one standby replica a fleet of two holds every partition on each
+worker anyway. In a larger fleet the partitions it does not get stay on disk unread (as Faust
+itself leaves a revoked partition's store), and a later assignment restores only their tail.
+MEMSTREAM_RESTORE_AHEAD=false leaves all of it to Faust.
+
+Why a crash cannot leave a wrong store: each write batch holds a contiguous run of one
+partition's changelog records, from the offset after the store's persisted one, *and* Faust's
+persisted offset of the run's last record, and RocksDB applies a write batch atomically. So at
+any moment a partition's store is exactly "the changelog up to its persisted offset", the same
+invariant Faust's restore keeps, and a restore stopped anywhere (the deadline, an error, a
+SIGKILL) leaves Faust a correct place to go on from. (A SIGKILL also leaves the `.running`
+mark, and the next start discards the tables anyway.)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("memstream.restore")
+
+#: Faust's key of a partition store's persisted offset (faust-streaming 0.15.3 `Store.offset_key`).
+OFFSET_KEY = b"__faust\0offset__"
+
+
+@dataclass(frozen=True)
+class Span:
+    """What one changelog partition needs: records `start` .. `end - 1` (`end`: the high watermark)."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+def span_to_restore(topic: str, partition: int, persisted: int | None, low: int, high: int) -> Span | None:
+    """The records a partition store lacks, or None when it lacks none (or is ahead of the
+    changelog, which Faust's own consistency check reports). `persisted` is Faust's persisted
+    offset: that of the last record the store holds."""
+    start = low if persisted is None else max(low, persisted + 1)
+    if persisted is not None and persisted >= high:
+        return None
+    if start >= high:
+        return None
+    return Span(topic, partition, start, high)
+
+
+@dataclass
+class Batch:
+    """The rows of one partition waiting to be written, with the offset of the last one."""
+
+    puts: list[tuple[bytes, bytes | None]] = field(default_factory=list)
+    size: int = 0
+    last: int = -1
+
+
+@dataclass
+class Report:
+    rows: int = 0
+    partitions: int = 0
+    seconds: float = 0.0
+    complete: bool = True
+    #: (topic, partition) -> the offset the store holds now (its persisted offset)
+    persisted: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+class PartitionStores:
+    """The RocksDB store of each changelog partition, opened with the options Faust opens it with
+    (and closed again: Faust opens it itself once it starts)."""
+
+    def __init__(self, opener: Callable[[str, int], Any]) -> None:
+        self._opener = opener
+        self._open: dict[tuple[str, int], Any] = {}
+
+    def get(self, topic: str, partition: int) -> Any:
+        key = (topic, partition)
+        if key not in self._open:
+            self._open[key] = self._opener(topic, partition)
+        return self._open[key]
+
+    def persisted(self, topic: str, partition: int) -> int | None:
+        raw = self.get(topic, partition).get(OFFSET_KEY)
+        return None if raw is None else int(raw)
+
+    def write(self, topic: str, partition: int, batch: Batch, new_batch: Callable[[], Any]) -> None:
+        """The batch's rows and its last offset as Faust's persisted offset, in one atomic write."""
+        wb = new_batch()
+        for key, value in batch.puts:
+            if value is None:
+                wb.delete(key)
+            else:
+                wb.put(key, value)
+        wb.put(OFFSET_KEY, str(batch.last).encode())
+        self.get(topic, partition).write(wb)
+
+    def close(self) -> None:
+        for db in self._open.values():
+            db.close()
+        self._open.clear()
+
+
+def restore_ahead(consumer: Any, stores: PartitionStores, new_batch: Callable[[], Any],
+                  partitions: Mapping[str, Iterable[int]], *, deadline_s: float, batch_rows: int,
+                  batch_bytes: int, progress_every_s: float = 5.0) -> Report:
+    """Copy the changelog records each partition store lacks into it (see the module docstring).
+
+    `consumer` is a confluent-kafka Consumer outside any group; `partitions` maps each changelog
+    topic to its partitions. Stops at `deadline_s` with what it has written (Faust restores the
+    rest); a partition's rows are written at the latest every `batch_rows` rows / `batch_bytes`."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    started = time.monotonic()
+    report = Report()
+    spans: dict[tuple[str, int], Span] = {}
+    for topic, parts in partitions.items():
+        for p in parts:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)
+            span = span_to_restore(topic, p, stores.persisted(topic, p), low, high)
+            if span is not None:
+                spans[(topic, p)] = span
+    total = sum(s.end - s.start for s in spans.values())  # an upper bound: compaction leaves gaps
+    report.partitions = len(spans)
+    if not spans:
+        return report
+    log.info("restoring %d changelog partition(s) ahead of joining the group: up to %d record(s)", len(spans), total)
+    consumer.assign([TopicPartition(s.topic, s.partition, s.start) for s in spans.values()])
+    batches: dict[tuple[str, int], Batch] = {k: Batch() for k in spans}
+    left = set(spans)
+    next_progress = started + progress_every_s
+
+    def flush(key: tuple[str, int]) -> None:
+        batch = batches[key]
+        if batch.puts:
+            stores.write(key[0], key[1], batch, new_batch)
+            report.rows += len(batch.puts)
+            report.persisted[key] = batch.last
+            batches[key] = Batch()
+
+    try:
+        while left:
+            now = time.monotonic()
+            if now - started > deadline_s:
+                report.complete = False
+                log.warning("restore ahead: stopped at its deadline (MEMSTREAM_RESTORE_AHEAD_TIMEOUT_S=%s) after "
+                            "%d record(s); Faust restores the rest", deadline_s, report.rows)
+                break
+            if now >= next_progress:
+                log.info("restore ahead: %d of up to %d record(s), %d partition(s) left, %.0f records/s",
+                         report.rows, total, len(left), report.rows / max(now - started, 1e-9))
+                next_progress = now + progress_every_s
+            for msg in consumer.consume(num_messages=10_000, timeout=0.5):
+                key = (msg.topic(), msg.partition())
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        left.discard(key)
+                    elif err.fatal() or key in left:  # a partition's own error (gone, not authorized)
+                        raise RuntimeError(f"restore ahead: reading {key[0]}[{key[1]}] failed: {err}")
+                    continue  # a client-wide event (a broker restarting): librdkafka retries; the deadline bounds it
+                if key not in left:
+                    continue  # fetched past the end before the partition was paused
+                batch = batches[key]
+                value = msg.value()
+                k = msg.key()
+                batch.puts.append((k, value))
+                batch.size += len(k or b"") + len(value or b"")
+                batch.last = msg.offset()
+                if batch.last >= spans[key].end - 1:
+                    left.discard(key)
+                    consumer.pause([TopicPartition(key[0], key[1])])
+                    flush(key)
+                elif len(batch.puts) >= batch_rows or batch.size >= batch_bytes:
+                    flush(key)
+        for key in batches:
+            flush(key)
+    finally:
+        report.seconds = time.monotonic() - started
+    log.info("restore ahead: %d record(s) of %d partition(s) in %.1f s", report.rows, report.partitions, report.seconds)
+    return report
+
+
+# ------------------------------------------------------------------------------------------------
+# the shell: the worker's tables and broker
+# ------------------------------------------------------------------------------------------------
+
+#: Most rows of one partition held before they are written (MEMSTREAM_RESTORE_AHEAD_BATCH_BYTES bounds their bytes).
+BATCH_ROWS = 20_000
+
+
+def run(settings: Any, tables: Iterable[Any]) -> Report | None:
+    """Restore ahead every RocksDB table of the worker (None: nothing to do, or turned off).
+    A failure is logged and left to Faust's own restore: this only saves time."""
+    import rocksdict
+    from confluent_kafka import Consumer
+
+    from streams.runtime import faust_internals
+
+    if not settings.restore_ahead:
+        return None
+    by_topic: dict[str, Any] = {}
+    for table in tables:
+        store = faust_internals.rocksdb_store(table)
+        if store is not None:
+            by_topic[table.changelog_topic.get_topic_name()] = store
+    if not by_topic:
+        return None
+
+    def open_store(topic: str, partition: int) -> Any:
+        store = by_topic[topic]
+        path = store.partition_path(partition)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return store.rocksdb_options.open(path)
+
+    consumer = Consumer({"bootstrap.servers": settings.broker, "group.id": f"{settings.app_id}-restore-ahead",
+                         "enable.auto.commit": False, "enable.partition.eof": True, "log_level": 0})
+    stores = PartitionStores(open_store)
+    try:
+        metadata = consumer.list_topics(timeout=15)
+        partitions = {t: sorted(metadata.topics[t].partitions) for t in by_topic if t in metadata.topics}
+        return restore_ahead(consumer, stores, lambda: rocksdict.WriteBatch(raw_mode=True), partitions,
+                             deadline_s=settings.restore_ahead_timeout_s, batch_rows=BATCH_ROWS,
+                             batch_bytes=settings.restore_ahead_batch_bytes)
+    except Exception as exc:  # noqa: BLE001 - an optimization: Faust restores whatever this did not
+        log.warning("restore ahead failed (%s: %s); Faust restores the tables from their changelogs",
+                    type(exc).__name__, exc)
+        return None
+    finally:
+        stores.close()
+        consumer.close()
