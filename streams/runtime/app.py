@@ -179,7 +179,8 @@ class Runtime:
         # key_type (json when unset), ignoring the schema: the router would then
         # partition the key's JSON-quoted bytes and forward requests to the wrong worker, and
         # the changelog keys would not be the source key bytes. Rebuild it with UTF-8 keys.
-        changelog = faust_internals.rebuild_changelog_topic(table, codecs.KEY_CODEC, "json")
+        changelog = faust_internals.rebuild_changelog_topic(
+            table, codecs.KEY_CODEC, "json", decode_values=not self.settings.store.startswith("rocksdb:"))
         send_changelog = table.send_changelog
         self._changelogs[changelog.get_topic_name()] = table
 

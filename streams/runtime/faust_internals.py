@@ -227,17 +227,30 @@ def read_committed(aiokafka_consumer: Any) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def rebuild_changelog_topic(table: TableT, key_serializer: str, value_serializer: str) -> Any:
+def rebuild_changelog_topic(table: TableT, key_serializer: str, value_serializer: str,
+                            decode_values: bool = True) -> Any:
     """Give the table these serializers and rebuild its changelog topic with them; returns the topic.
 
     faust-streaming 0.15.3 builds the changelog topic in the table's constructor with serializers
     derived from `key_type` (JSON when unset), ignoring the schema; `Collection._new_changelog_topic`
     builds it again. memstream needs the changelog keys to be the source key bytes (routing and the
-    changelog partition hash them)."""
+    changelog partition hash them).
+
+    `decode_values=False` (a RocksDB table): the topic hands the changelog records Faust reads
+    (recovery, standby replicas) to the table with their value bytes undecoded. The RocksDB store
+    writes `message.value` as it is (`Store.apply_changelog_batch`) and never looks at the decoded
+    value, so decoding it (JSON, a user's aux row up to MEMSTREAM_STATE_BATCH_MAX_BYTES) was work
+    thrown away for every row restored or replicated. Sending is unchanged: `Table.send_changelog`
+    names the table's own serializers."""
     table.key_serializer = key_serializer  # type: ignore[attr-defined]
     table.value_serializer = value_serializer  # type: ignore[attr-defined]
-    table.changelog_topic = table._new_changelog_topic()  # type: ignore[attr-defined]
-    return table.changelog_topic
+    topic = table._new_changelog_topic()  # type: ignore[attr-defined]
+    if not decode_values:
+        from faust import Schema
+
+        topic = topic.derive(schema=Schema(key_serializer=key_serializer, value_serializer="raw"))
+    table.changelog_topic = topic
+    return topic
 
 
 def replace_send_changelog(table: TableT, send: Callable[..., Any]) -> None:

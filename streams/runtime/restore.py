@@ -120,14 +120,21 @@ class PartitionStores:
         self._open.clear()
 
 
+def _no_retry(call: Callable[[], Any], what: str) -> Any:
+    return call()
+
+
 def restore_ahead(consumer: Any, stores: PartitionStores, new_batch: Callable[[], Any],
                   partitions: Mapping[str, Iterable[int]], *, deadline_s: float, batch_rows: int,
-                  batch_bytes: int, progress_every_s: float = 5.0) -> Report:
+                  batch_bytes: int, progress_every_s: float = 5.0,
+                  retrying: Callable[[Callable[[], Any], str], Any] = _no_retry) -> Report:
     """Copy the changelog records each partition store lacks into it (see the module docstring).
 
     `consumer` is a confluent-kafka Consumer outside any group; `partitions` maps each changelog
     topic to its partitions. Stops at `deadline_s` with what it has written (Faust restores the
-    rest); a partition's rows are written at the latest every `batch_rows` rows / `batch_bytes`."""
+    rest); a partition's rows are written at the latest every `batch_rows` rows / `batch_bytes`.
+    `retrying(call, what)` retries a metadata call on transient broker errors (a new topic's
+    leader not elected yet: NOT_LEADER_FOR_PARTITION), with a bound."""
     from confluent_kafka import KafkaError, TopicPartition
 
     started = time.monotonic()
@@ -135,7 +142,9 @@ def restore_ahead(consumer: Any, stores: PartitionStores, new_batch: Callable[[]
     spans: dict[tuple[str, int], Span] = {}
     for topic, parts in partitions.items():
         for p in parts:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)
+            tp = TopicPartition(topic, p)
+            low, high = retrying(lambda: consumer.get_watermark_offsets(tp, timeout=15),  # noqa: B023 -- called here
+                                 f"watermarks of {topic}[{p}]")
             span = span_to_restore(topic, p, stores.persisted(topic, p), low, high)
             if span is not None:
                 spans[(topic, p)] = span
@@ -215,6 +224,7 @@ def run(settings: Any, tables: Iterable[Any]) -> Report | None:
     from confluent_kafka import Consumer
 
     from streams.runtime import faust_internals
+    from streams.tools.kafkatools import retrying
 
     if not settings.restore_ahead:
         return None
@@ -236,11 +246,12 @@ def run(settings: Any, tables: Iterable[Any]) -> Report | None:
                          "enable.auto.commit": False, "enable.partition.eof": True, "log_level": 0})
     stores = PartitionStores(open_store)
     try:
-        metadata = consumer.list_topics(timeout=15)
+        metadata = retrying(lambda: consumer.list_topics(timeout=15), "list topics")
         partitions = {t: sorted(metadata.topics[t].partitions) for t in by_topic if t in metadata.topics}
         return restore_ahead(consumer, stores, lambda: rocksdict.WriteBatch(raw_mode=True), partitions,
                              deadline_s=settings.restore_ahead_timeout_s, batch_rows=BATCH_ROWS,
-                             batch_bytes=settings.restore_ahead_batch_bytes)
+                             batch_bytes=settings.restore_ahead_batch_bytes,
+                             retrying=lambda call, what: retrying(call, what, timeout=30.0))
     except Exception as exc:  # noqa: BLE001 - an optimization: Faust restores whatever this did not
         log.warning("restore ahead failed (%s: %s); Faust restores the tables from their changelogs",
                     type(exc).__name__, exc)

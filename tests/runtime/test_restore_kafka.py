@@ -25,6 +25,7 @@ from faust.stores.rocksdb import RocksDBOptions
 
 from streams.contracts import catalog
 from streams.runtime import restore
+from streams.tools import kafkatools
 from tests.kafka_util import candidate, free_port, http_get, log_of, produce, producer, wait_caught_up, worker
 
 pytestmark = pytest.mark.kafka
@@ -87,7 +88,7 @@ def _restore(settings, stores, topic, *, deadline_s=60.0, batch_rows=restore.BAT
     try:
         return restore.restore_ahead(consumer, stores, lambda: rocksdict.WriteBatch(raw_mode=True),
                                      {topic: range(PARTITIONS)}, deadline_s=deadline_s, batch_rows=batch_rows,
-                                     batch_bytes=batch_bytes)
+                                     batch_bytes=batch_bytes, retrying=kafkatools.retrying)
     finally:
         consumer.close()
 
