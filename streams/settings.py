@@ -64,6 +64,8 @@ class Settings:
     restore_ahead_timeout_s: float = field(default=300.0, metadata={"doc": "Longest the restore ahead runs; what it has not copied by then Faust restores."})
     restore_ahead_batch_bytes: int = field(default=16 * 1024 * 1024, metadata={"doc": "Most bytes of one partition's rows the restore ahead holds before it writes them (with their offset) to the partition's store."})
     max_known_schema_ids: int = field(default=10000, metadata={"doc": "Most schema ids a worker remembers (with the schema each named) in `<data dir>/schema-ids.json`, to notice a registry that hands them out again."})
+    fetch_min_bytes: int = field(default=1, metadata={"doc": "A worker's fetch requests ask the broker to hold them until this many bytes of records are there (or MEMSTREAM_FETCH_MAX_WAIT_MS passed): at a low rate, fewer and larger fetches, batches and commits for the same records."})
+    fetch_max_wait_ms: int = field(default=1500, metadata={"doc": "Longest the broker holds a worker's fetch request for MEMSTREAM_FETCH_MIN_BYTES (adds up to this much latency at low rates when the minimum is above one record)."})
     batch_wait_ms: int = field(default=20, metadata={"doc": "Longest a stateful agent waits to fill a batch (adds up to this much latency at low rates)."})
     # --- pipeline rules ------------------------------------------------------------------
     text_merge_threshold: float = field(default=0.85, metadata={"doc": "Text similarity (n-gram Jaccard) at or above which a candidate merges into a node."})

@@ -26,6 +26,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from streams.runtime.faust_internals import (
     consumer_thread,
+    fetch_batching,
     forget_ack,
     forget_buffered,
     is_changelog_tp,
@@ -38,11 +39,13 @@ log = logging.getLogger(__name__)
 
 
 class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """Faust's consumer thread whose worker consumer skips aborted transactions."""
+    """Faust's consumer thread whose worker consumer skips aborted transactions and batches its fetches (MEMSTREAM_FETCH_MIN_BYTES, MEMSTREAM_FETCH_MAX_WAIT_MS)."""
 
     def _create_worker_consumer(self, transport):
         consumer = super()._create_worker_consumer(transport)
         read_committed(consumer)  # read by aiokafka when it starts its fetcher
+        settings = self.app.memstream_runtime.settings  # type: ignore[attr-defined]
+        fetch_batching(consumer, settings.fetch_min_bytes, settings.fetch_max_wait_ms)
         return consumer
 
 

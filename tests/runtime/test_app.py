@@ -166,3 +166,18 @@ def test_a_memory_tables_changelog_records_are_decoded():
         topic = table.changelog_topic
         event = asyncio.run(topic.decode(_changelog_message(topic.get_topic_name(), b'{"a": [1, 2]}')))
         assert event.value == {"a": [1, 2]}, name
+
+
+def test_the_worker_consumer_batches_its_fetches_as_configured_and_reads_committed():
+    import asyncio
+
+    async def consumer_settings():
+        rt = Runtime(Settings(registry_url="", partitions=5, fetch_min_bytes=777, fetch_max_wait_ms=33))
+        register_all(rt)
+        consumer = rt.app.consumer._thread._create_worker_consumer(rt.app.transport)
+        try:
+            return consumer._fetch_min_bytes, consumer._fetch_max_wait_ms, consumer._isolation_level
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(consumer_settings()) == (777, 33, "read_committed")
