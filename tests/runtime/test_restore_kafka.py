@@ -93,81 +93,73 @@ def _restore(settings, stores, topic, *, deadline_s=60.0, batch_rows=restore.BAT
         consumer.close()
 
 
-def test_an_empty_store_ends_as_the_changelog_in_atomic_contiguous_writes(stack, unique, tmp_path):
+@pytest.fixture
+def written(stack, unique, tmp_path):
+    """(topic, its records per partition, empty recording stores) for one test."""
     topic = f"restore-{unique}-changelog"
     rows = _changelog(stack, topic)
     stores = RecordingStores(tmp_path)
     try:
-        report = _restore(stack, stores, topic, batch_rows=37)
-        assert report.complete and report.rows == sum(len(r) for r in rows.values())
-        for p in range(PARTITIONS):
-            assert _contents(stores, topic, p) == _expected(rows[p])
-            assert stores.persisted(topic, p) == rows[p][-1][0]
-        # each write: the next run of the partition's records, with the offset of its last one
-        done = {p: -1 for p in range(PARTITIONS)}
-        for p, keys, last in stores.writes:
-            run = [r for r in rows[p] if done[p] < r[0] <= last]
-            assert [k for _, k, _ in run] == keys and len(keys) <= 37
-            done[p] = last
-        assert done == {p: rows[p][-1][0] for p in range(PARTITIONS)}
+        yield topic, rows, stores
     finally:
         stores.close()
 
 
-def test_a_store_with_a_persisted_offset_gets_only_what_follows(stack, unique, tmp_path):
-    topic = f"restore-{unique}-changelog"
-    rows = _changelog(stack, topic)
-    stores = RecordingStores(tmp_path)
-    try:
-        cut = rows[1][len(rows[1]) // 2][0]
-        db = stores.get(topic, 1)
-        db[b"only-in-the-store"] = b"kept"  # a row the store has: never touched
-        db[restore.OFFSET_KEY] = str(cut).encode()
-        report = _restore(stack, stores, topic)
-        assert report.rows == sum(len(r) for r in rows.values()) - sum(1 for r in rows[1] if r[0] <= cut)
-        assert all(last > cut for p, _, last in stores.writes if p == 1)
-        after = _expected(rows[1], after=cut)
-        deleted_after = {k for o, k, v in rows[1] if o > cut and v is None}
-        contents = _contents(stores, topic, 1)
-        assert contents.pop(b"only-in-the-store") == b"kept"
-        assert {k: v for k, v in contents.items() if k in after} == after
-        assert not deleted_after & set(contents)
-        assert stores.persisted(topic, 1) == rows[1][-1][0]
-        _restore(stack, stores, topic)  # up to date: nothing to read
-        assert stores.persisted(topic, 1) == rows[1][-1][0]
-    finally:
-        stores.close()
+def test_an_empty_store_ends_as_the_changelog_in_atomic_contiguous_writes(stack, written):
+    topic, rows, stores = written
+    report = _restore(stack, stores, topic, batch_rows=37)
+    assert report.complete and report.rows == sum(len(r) for r in rows.values())
+    for p in range(PARTITIONS):
+        assert _contents(stores, topic, p) == _expected(rows[p])
+        assert stores.persisted(topic, p) == rows[p][-1][0]
+    # each write: the next run of the partition's records, with the offset of its last one
+    done = {p: -1 for p in range(PARTITIONS)}
+    for p, keys, last in stores.writes:
+        run = [r for r in rows[p] if done[p] < r[0] <= last]
+        assert [k for _, k, _ in run] == keys and len(keys) <= 37
+        done[p] = last
+    assert done == {p: rows[p][-1][0] for p in range(PARTITIONS)}
 
 
-def test_batch_bytes_bounds_every_write(stack, unique, tmp_path):
-    topic = f"restore-{unique}-changelog"
-    rows = _changelog(stack, topic)
-    stores = RecordingStores(tmp_path)
-    try:
-        _restore(stack, stores, topic, batch_bytes=1)  # every record over the bound: one write each
-        assert len(stores.writes) == sum(len(r) for r in rows.values())
-        assert all(len(keys) == 1 for _, keys, _ in stores.writes)
-        for p in range(PARTITIONS):
-            assert _contents(stores, topic, p) == _expected(rows[p])
-    finally:
-        stores.close()
+def test_a_store_with_a_persisted_offset_gets_only_what_follows(stack, written):
+    topic, rows, stores = written
+    cut = rows[1][len(rows[1]) // 2][0]
+    db = stores.get(topic, 1)
+    db[b"only-in-the-store"] = b"kept"  # a row the store has: never touched
+    db[restore.OFFSET_KEY] = str(cut).encode()
+    report = _restore(stack, stores, topic)
+    assert report.rows == sum(len(r) for r in rows.values()) - sum(1 for r in rows[1] if r[0] <= cut)
+    assert all(last > cut for p, _, last in stores.writes if p == 1)
+    after = _expected(rows[1], after=cut)
+    deleted_after = {k for o, k, v in rows[1] if o > cut and v is None}
+    contents = _contents(stores, topic, 1)
+    assert contents.pop(b"only-in-the-store") == b"kept"
+    assert {k: v for k, v in contents.items() if k in after} == after
+    assert not deleted_after & set(contents)
+    assert stores.persisted(topic, 1) == rows[1][-1][0]
+    _restore(stack, stores, topic)  # up to date: nothing to read
+    assert stores.persisted(topic, 1) == rows[1][-1][0]
 
 
-def test_the_deadline_stops_it_with_correct_stores(stack, unique, tmp_path):
-    topic = f"restore-{unique}-changelog"
-    rows = _changelog(stack, topic)
-    stores = RecordingStores(tmp_path)
-    try:
-        report = _restore(stack, stores, topic, deadline_s=0.0)
-        assert not report.complete and report.rows == 0 and not stores.writes
-        for p in range(PARTITIONS):
-            assert stores.persisted(topic, p) is None and _contents(stores, topic, p) == {}
-        report = _restore(stack, stores, topic)  # the next start (or Faust) goes on from there
-        assert report.complete
-        for p in range(PARTITIONS):
-            assert _contents(stores, topic, p) == _expected(rows[p])
-    finally:
-        stores.close()
+def test_batch_bytes_bounds_every_write(stack, written):
+    topic, rows, stores = written
+    _restore(stack, stores, topic, batch_bytes=1)  # every record over the bound: one write each
+    assert len(stores.writes) == sum(len(r) for r in rows.values())
+    assert all(len(keys) == 1 for _, keys, _ in stores.writes)
+    for p in range(PARTITIONS):
+        assert _contents(stores, topic, p) == _expected(rows[p])
+
+
+def test_the_deadline_stops_it_with_correct_stores(stack, written):
+    topic, rows, stores = written
+    report = _restore(stack, stores, topic, deadline_s=0.0)
+    assert not report.complete and report.rows == 0 and not stores.writes
+    for p in range(PARTITIONS):
+        assert stores.persisted(topic, p) is None and _contents(stores, topic, p) == {}
+    report = _restore(stack, stores, topic)  # the next start (or Faust) goes on from there
+    assert report.complete
+    for p in range(PARTITIONS):
+        assert _contents(stores, topic, p) == _expected(rows[p])
 
 
 def _answers(port: int, users: list[str], timeout: float = 120.0) -> dict[str, dict]:
