@@ -77,6 +77,9 @@ class Batch:
 
 @dataclass
 class Report:
+    """What a restore ahead did: rows written, partitions it had to read, how long, whether it
+    read every span to its end (False: stopped at the deadline)."""
+
     rows: int = 0
     partitions: int = 0
     seconds: float = 0.0
@@ -243,7 +246,9 @@ def run(settings: Any, tables: Iterable[Any]) -> Report | None:
         return store.rocksdb_options.open(path)
 
     consumer = Consumer({"bootstrap.servers": settings.broker, "group.id": f"{settings.app_id}-restore-ahead",
-                         "enable.auto.commit": False, "enable.partition.eof": True, "log_level": 0})
+                         "enable.auto.commit": False, "enable.partition.eof": True,
+                         # a span's start deleted meanwhile (retention): from what is left, never from the end
+                         "auto.offset.reset": "earliest", "log_level": 0})
     stores = PartitionStores(open_store)
     try:
         metadata = retrying(lambda: consumer.list_topics(timeout=15), "list topics")

@@ -35,3 +35,11 @@ def test_the_span_starts_after_what_the_store_has_and_ends_at_the_high_watermark
         return
     assert span.end == high and span.start < span.end
     assert span.start == max(low, have + 1)  # nothing the store has is read again, nothing it lacks is skipped
+
+
+def test_the_offset_key_is_fausts():
+    from faust.stores.rocksdb import Store
+
+    from streams.runtime.restore import OFFSET_KEY
+
+    assert Store.offset_key == OFFSET_KEY
