@@ -148,7 +148,8 @@ class Settings:
         if self.output_producer not in OUTPUT_PRODUCERS:
             raise SettingsError(f"MEMSTREAM_OUTPUT_PRODUCER={self.output_producer!r} is not one of "
                                 f"{', '.join(OUTPUT_PRODUCERS)}")
-        for name in ("loaded_nodes_max", "housekeeping_max_rows_per_tick"):  # bounds: 0 would bound nothing
+        for name in ("loaded_nodes_max", "housekeeping_max_rows_per_tick",  # bounds: 0 would bound nothing
+                     "restore_ahead_batch_bytes", "fetch_min_bytes", "fetch_max_wait_ms"):  # (the broker refuses < 0)
             if getattr(self, name) < 1:
                 raise SettingsError(f"MEMSTREAM_{name.upper()}={getattr(self, name)} must be at least 1")
 

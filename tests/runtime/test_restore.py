@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -43,3 +44,13 @@ def test_the_offset_key_is_fausts():
     from streams.runtime.restore import OFFSET_KEY
 
     assert Store.offset_key == OFFSET_KEY
+
+
+@pytest.mark.parametrize("var", ["MEMSTREAM_RESTORE_AHEAD_BATCH_BYTES", "MEMSTREAM_FETCH_MIN_BYTES",
+                                 "MEMSTREAM_FETCH_MAX_WAIT_MS"])
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_a_bound_below_one_is_a_settings_error_naming_the_variable(var, value):
+    from streams.settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError, match=f"{var}={value} must be at least 1"):
+        Settings.from_env({var: value})
