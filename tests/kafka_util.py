@@ -98,8 +98,10 @@ def consume(settings: Settings, topic: str, until: Callable[[list[dict]], bool],
 
 @contextmanager
 def worker(settings: Settings, name: str, env: dict[str, str] | None = None,
-           ready_timeout: float = 120.0, from_start: bool = False) -> Iterator[subprocess.Popen]:
-    """A real `memstream worker` subprocess; yields once the Faust worker says it is ready.
+           ready_timeout: float = 120.0, from_start: bool = False,
+           ready_text: bytes = b"Worker]: Ready") -> Iterator[subprocess.Popen]:
+    """A real `memstream worker` subprocess; yields once the Faust worker says it is ready (once
+    its log holds `ready_text`).
 
     A new consumer group starts at the current end of the input topics (unless `from_start`):
     a test sees only what it produces, not the thousands of records earlier tests left there. A
@@ -120,7 +122,7 @@ def worker(settings: Settings, name: str, env: dict[str, str] | None = None,
                                 stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + ready_timeout
-        while b"Worker]: Ready" not in log_path.read_bytes():
+        while ready_text not in log_path.read_bytes():
             if proc.poll() is not None:
                 raise AssertionError(f"worker {name} exited {proc.returncode}; log {log_path}:\n"
                                      + log_path.read_text()[-3000:])

@@ -26,8 +26,11 @@ partition's changelog records, from the offset after the store's persisted one, 
 persisted offset of the run's last record, and RocksDB applies a write batch atomically. So at
 any moment a partition's store is exactly "the changelog up to its persisted offset", the same
 invariant Faust's restore keeps, and a restore stopped anywhere (the deadline, an error, a
-SIGKILL) leaves Faust a correct place to go on from. (A SIGKILL also leaves the `.running`
-mark, and the next start discards the tables anyway.)
+SIGKILL) leaves Faust a correct place to go on from. That is also why the worker sets its
+`.running` mark (whose presence at start discards the local tables) only after the restore
+ahead: a worker killed during the copy (an orchestrator's liveness probe, a deploy) keeps what it
+copied, and its next start copies only the rest. Meanwhile the worker's web port answers
+`/health/live` (streams/runtime/restoring_http.py).
 """
 
 from __future__ import annotations
@@ -130,14 +133,16 @@ def _no_retry(call: Callable[[], Any], what: str) -> Any:
 def restore_ahead(consumer: Any, stores: PartitionStores, new_batch: Callable[[], Any],
                   partitions: Mapping[str, Iterable[int]], *, deadline_s: float, batch_rows: int,
                   batch_bytes: int, progress_every_s: float = 5.0,
-                  retrying: Callable[[Callable[[], Any], str], Any] = _no_retry) -> Report:
+                  retrying: Callable[[Callable[[], Any], str], Any] = _no_retry,
+                  progress: Callable[[int, int], None] | None = None) -> Report:
     """Copy the changelog records each partition store lacks into it (see the module docstring).
 
     `consumer` is a confluent-kafka Consumer outside any group; `partitions` maps each changelog
     topic to its partitions. Stops at `deadline_s` with what it has written (Faust restores the
     rest); a partition's rows are written at the latest every `batch_rows` rows / `batch_bytes`.
     `retrying(call, what)` retries a metadata call on transient broker errors (a new topic's
-    leader not elected yet: NOT_LEADER_FOR_PARTITION), with a bound."""
+    leader not elected yet: NOT_LEADER_FOR_PARTITION), with a bound. `progress(rows, total)` is
+    told the rows written so far after every write."""
     from confluent_kafka import KafkaError, TopicPartition
 
     started = time.monotonic()
@@ -156,6 +161,8 @@ def restore_ahead(consumer: Any, stores: PartitionStores, new_batch: Callable[[]
     if not spans:
         return report
     log.info("restoring %d changelog partition(s) ahead of joining the group: up to %d record(s)", len(spans), total)
+    if progress is not None:
+        progress(0, total)
     consumer.assign([TopicPartition(s.topic, s.partition, s.start) for s in spans.values()])
     batches: dict[tuple[str, int], Batch] = {k: Batch() for k in spans}
     left = set(spans)
@@ -168,6 +175,8 @@ def restore_ahead(consumer: Any, stores: PartitionStores, new_batch: Callable[[]
             report.rows += len(batch.puts)
             report.persisted[key] = batch.last
             batches[key] = Batch()
+            if progress is not None:
+                progress(report.rows, total)
 
     try:
         while left:
@@ -220,14 +229,15 @@ def restore_ahead(consumer: Any, stores: PartitionStores, new_batch: Callable[[]
 BATCH_ROWS = 20_000
 
 
-def run(settings: Any, tables: Iterable[Any]) -> Report | None:
+def run(settings: Any, tables: Iterable[Any], progress: Callable[[int, int], None] | None = None) -> Report | None:
     """Restore ahead every RocksDB table of the worker (None: nothing to do, or turned off).
-    A failure is logged and left to Faust's own restore: this only saves time."""
+    A failure is logged and left to Faust's own restore: this only saves time. `progress` as
+    for `restore_ahead`."""
     import rocksdict
     from confluent_kafka import Consumer
 
     from streams.runtime import faust_internals
-    from streams.tools.kafkatools import retrying
+    from streams.runtime.retry import retrying
 
     if not settings.restore_ahead:
         return None
@@ -256,7 +266,7 @@ def run(settings: Any, tables: Iterable[Any]) -> Report | None:
         return restore_ahead(consumer, stores, lambda: rocksdict.WriteBatch(raw_mode=True), partitions,
                              deadline_s=settings.restore_ahead_timeout_s, batch_rows=BATCH_ROWS,
                              batch_bytes=settings.restore_ahead_batch_bytes,
-                             retrying=lambda call, what: retrying(call, what, timeout=30.0))
+                             retrying=lambda call, what: retrying(call, what, timeout=30.0), progress=progress)
     except Exception as exc:  # noqa: BLE001 - an optimization: Faust restores whatever this did not
         log.warning("restore ahead failed (%s: %s); Faust restores the tables from their changelogs",
                     type(exc).__name__, exc)

@@ -40,7 +40,7 @@ def run(settings: Settings) -> int:
     running = Path(settings.data_dir) / f"{settings.app_id}.running"
     if running.exists():
         discard_local_tables(Path(app.conf.tabledir))
-    running.touch()
+        running.unlink()  # empty tables are consistent: a kill before Faust starts need not discard again
     from streams.runtime.probe import WorkerProbe, arm_shutdown_deadline
 
     # until Faust sets up its logging: the probe's first checks must be heard (Faust replaces this)
@@ -48,10 +48,16 @@ def run(settings: Settings) -> int:
     faust_internals.warn_if_unpinned(log)  # another faust-streaming/aiokafka/mode: one WARNING, not a crash
     rt.probe = WorkerProbe(settings, rt.codecs)
     rt.probe.start(cluster_id(settings))  # disk and registry ids checked before anything is consumed
-    from streams.runtime import restore
+    from streams.runtime import restore, restoring_http
 
-    # before Faust opens the stores (it then restores only what came after); the probe watches the disk meanwhile
-    restore.run(settings, rt.tables.values())
+    # before Faust opens the stores (it then restores only what came after); the probe watches the
+    # disk meanwhile, and the web port answers /health/live (an orchestrator must not kill the copy)
+    if settings.restore_ahead:
+        with restoring_http.serving(settings.web_host, settings.web_port) as status:
+            restore.run(settings, rt.tables.values(), progress=status.update)
+    # only now: what the restore ahead wrote is always a correct prefix of the changelogs (a kill
+    # during it keeps the copy); from here on Faust writes rows before their changelog does
+    running.touch()
 
     # SIGTERM / SIGINT: bounded, whatever the state
     class _Worker(faust_internals.worker_class(lambda: arm_shutdown_deadline(settings.shutdown_timeout_s))):  # type: ignore[misc]

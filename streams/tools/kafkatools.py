@@ -9,12 +9,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
+from streams.runtime.retry import retrying
 from streams.settings import Settings
 
 KAFKA_TIMEOUT_S = 15.0  #: operator commands' limit on one broker call
@@ -28,33 +27,11 @@ def kafka_error(settings: Settings, exc: BaseException) -> OpsError:
     return OpsError(f"cannot reach Kafka at {settings.broker} ({exc}); is the stack up? (`memstream dev status`)")
 
 Offsets = dict[tuple[str, int], int]
-T = TypeVar("T")
 
 
 def consumer(settings: Settings, group: str) -> Consumer:
     return Consumer({"bootstrap.servers": settings.broker, "group.id": group, "enable.auto.commit": False,
                      "log_level": 0})
-
-
-#: broker errors that pass (leadership moving, a broker restarting): retried with a bound
-_TRANSIENT = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError._TRANSPORT,
-              KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError.UNKNOWN_TOPIC_OR_PART,
-              KafkaError._ALL_BROKERS_DOWN, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS}
-
-
-def retrying(call: Callable[[], T], what: str, timeout: float = 60.0) -> T:
-    """`call()`, retried while it fails with a transient broker error, for at most `timeout` s."""
-    deadline = time.monotonic() + timeout
-    delay = 0.2
-    while True:
-        try:
-            return call()
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            if err is None or not (err.retriable() or err.code() in _TRANSIENT) or time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
 
 
 def end_offsets(settings: Settings, topics: list[str]) -> Offsets:

@@ -9,13 +9,19 @@ opened with Faust's own options.
 - the limits: MEMSTREAM_RESTORE_AHEAD_BATCH_BYTES bounds a write's rows, the deadline stops the
   restore (what it wrote stays correct and Faust restores the rest);
 - a real worker on an empty data dir restores its tables ahead and answers exactly as the worker
-  that wrote them did, and as a worker with MEMSTREAM_RESTORE_AHEAD=false (Faust's restore only).
+  that wrote them did, and as a worker with MEMSTREAM_RESTORE_AHEAD=false (Faust's restore only);
+- while it restores, its web port answers /health/live 200 and /health 503 "restoring"; killed
+  in the middle, it keeps what it copied (no `.running` mark yet) and its next start copies only
+  the rest (no restart loop under an orchestrator's liveness probe).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import signal
 import time
+from pathlib import Path
 
 import pytest
 import rocksdict
@@ -24,9 +30,21 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from faust.stores.rocksdb import RocksDBOptions
 
 from streams.contracts import catalog
-from streams.runtime import restore
-from streams.tools import kafkatools
-from tests.kafka_util import candidate, free_port, http_get, log_of, produce, producer, wait_caught_up, worker
+from streams.contracts.topics import ensure_internal
+from streams.runtime import restore, retry
+from streams.runtime.app import create_runtime
+from tests.conftest import TEST_DATA
+from tests.kafka_util import (
+    candidate,
+    free_port,
+    http_call,
+    http_get,
+    log_of,
+    produce,
+    producer,
+    wait_caught_up,
+    worker,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -88,7 +106,7 @@ def _restore(settings, stores, topic, *, deadline_s=60.0, batch_rows=restore.BAT
     try:
         return restore.restore_ahead(consumer, stores, lambda: rocksdict.WriteBatch(raw_mode=True),
                                      {topic: range(PARTITIONS)}, deadline_s=deadline_s, batch_rows=batch_rows,
-                                     batch_bytes=batch_bytes, retrying=kafkatools.retrying)
+                                     batch_bytes=batch_bytes, retrying=retry.retrying)
     finally:
         consumer.close()
 
@@ -201,3 +219,52 @@ def test_a_worker_on_an_empty_data_dir_answers_as_the_one_that_wrote_its_tables(
     assert "restore ahead" not in logs["faust"]
     assert all(len(answers["writer"][u]["nodes"]) >= 2 for u in users)
     assert answers["ahead"] == answers["writer"] == answers["faust"]
+
+
+#: tombstones of keys nobody wrote: a long restore (one write per row at batch bytes 1) that
+#: leaves nothing behind for the worker to load
+PADDING_ROWS = 300_000
+_UP_TO = re.compile(rb"ahead of joining the group: up to (\d+) record")
+
+
+def test_a_worker_killed_during_the_restore_ahead_keeps_its_copy_and_answers_live_meanwhile(stack, unique):
+    settings = dataclasses.replace(stack, app_id=f"it-restore-kill-{unique}")
+    rt = create_runtime(settings)
+    ensure_internal(settings, rt.internal_topics)
+    changelog = rt.tables["memory-state"].changelog_topic.get_topic_name()
+    p = producer(settings)
+    for i in range(PADDING_ROWS):
+        p.produce(changelog, key=b"pad-%d" % i, value=None, partition=i % settings.partitions)
+        if i % 10_000 == 0:
+            p.poll(0)
+    assert p.flush(60) == 0
+    name = f"restore-kill-{unique}"
+    port = free_port()
+    env = {"MEMSTREAM_APP_ID": settings.app_id, "MEMSTREAM_WEB_PORT": str(port),
+           "MEMSTREAM_RESTORE_AHEAD_BATCH_BYTES": "1"}
+    with worker(stack, name, env=env, ready_text=b"ahead of joining the group") as proc:
+        status, _, body = http_call(port, "GET", "/health/live", None, timeout=15)
+        assert (status, body) == (200, b'{"status": "alive", "phase": "restoring"}')
+        deadline = time.monotonic() + 60
+        while True:  # until part of the copy is in the stores
+            status, ready = http_get(port, "/health")
+            assert status == 503 and ready["status"] == "restoring", ready
+            assert ready["records_at_most"] >= PADDING_ROWS
+            if ready["restored_records"] > 0:
+                break
+            assert time.monotonic() < deadline, ready
+            time.sleep(0.1)
+        status, answer = http_get(port, "/v1/memory/someone/nodes", "tok")
+        assert status == 503 and answer["error"] == "restoring"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    first = log_of(name)
+    assert not re.search(r"restore ahead: \d+ record\(s\) of", first), "the copy ended before the kill"
+    assert not (Path(TEST_DATA) / name / f"{settings.app_id}.running").exists()
+    with worker(stack, name, env=env):  # the same data dir: goes on from the copy
+        pass
+    second = log_of(name)
+    assert "did not stop cleanly" not in second
+    copied = int(_UP_TO.search(first.encode()).group(1))
+    left = int(_UP_TO.search(second.encode()).group(1))
+    assert left < copied, (copied, left)
