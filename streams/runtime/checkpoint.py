@@ -327,8 +327,8 @@ class Checkpoint:
                     value = self._evaluate(w)
                     if value is DELETE:
                         w.table.pop(w.key, None)
-                    else:
-                        w.table[w.key] = value
+                    else:  # (RocksDB: encoded once for the store and the changelog)
+                        w.table[w.key] = faust_internals.encoded_row(w.table, value)
         self._writes.clear()
         self._groups.clear()
 

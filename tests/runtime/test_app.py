@@ -156,6 +156,34 @@ def test_a_rocksdb_tables_changelog_records_reach_the_store_undecoded(runtime):
         assert sent == b'{"a":[1,2]}', name
 
 
+def test_a_rocksdb_row_is_encoded_once_into_the_bytes_the_store_and_its_changelog_would_make(runtime):
+    # Faust serializes a row for the store and again for the changelog, and serializes no bytes:
+    # assigning the encoded row gives both exactly what they made before, and reads still decode
+    from streams.runtime.faust_internals import encoded_row
+
+    row = {"node_id": "n-ü", "pending": {"a/b": None, "c": {"x": [1.5, -0.0, 1e-7]}}, "n": 2 ** 40}
+    for name, table in runtime.tables.items():
+        store = table.data
+        encoded = encoded_row(table, row)
+        assert isinstance(encoded, bytes), name
+        assert encoded == store._encode_value(row), name
+        assert encoded == table.changelog_topic.prepare_value(row, table.value_serializer, None, None)[0], name
+        assert store._encode_value(encoded) == encoded, name  # passed through, not encoded again
+        assert table.changelog_topic.prepare_value(encoded, table.value_serializer, None, None)[0] == encoded, name
+        assert store._decode_value(encoded) == row, name
+        assert encoded_row(table, encoded) is encoded, name
+
+
+def test_a_memory_tables_row_is_kept_as_the_object():
+    from streams.runtime.faust_internals import encoded_row
+
+    rt = Runtime(Settings(registry_url="", partitions=5, store="memory://"))
+    register_all(rt)
+    row = {"a": [1, 2]}
+    for table in rt.tables.values():
+        assert encoded_row(table, row) is row
+
+
 def test_a_memory_tables_changelog_records_are_decoded():
     # memory:// keeps the decoded objects: its changelog values must be decoded as before
     import asyncio
