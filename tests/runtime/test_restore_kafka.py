@@ -223,7 +223,7 @@ def test_a_worker_on_an_empty_data_dir_answers_as_the_one_that_wrote_its_tables(
 
 #: tombstones of keys nobody wrote: a long restore (one write per row at batch bytes 1) that
 #: leaves nothing behind for the worker to load
-PADDING_ROWS = 300_000
+PADDING_ROWS = 600_000
 _UP_TO = re.compile(rb"ahead of joining the group: up to (\d+) record")
 
 
@@ -234,9 +234,12 @@ def test_a_worker_killed_during_the_restore_ahead_keeps_its_copy_and_answers_liv
     changelog = rt.tables["memory-state"].changelog_topic.get_topic_name()
     p = producer(settings)
     for i in range(PADDING_ROWS):
-        p.produce(changelog, key=b"pad-%d" % i, value=None, partition=i % settings.partitions)
-        if i % 10_000 == 0:
-            p.poll(0)
+        while True:
+            try:
+                p.produce(changelog, key=b"pad-%d" % i, value=None, partition=i % settings.partitions)
+                break
+            except BufferError:  # the producer's queue is full: let it deliver
+                p.poll(0.1)
     assert p.flush(60) == 0
     name = f"restore-kill-{unique}"
     port = free_port()
