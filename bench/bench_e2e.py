@@ -43,7 +43,8 @@ What each figure means:
   event. *visible* = the tap's receive time - send time (what a downstream consumer sees);
   *written* = the ledger record's CreateTime - send time (until the worker's send). *p50 first
   ¼ / last ¼*: visible p50 of the inputs sent in the first / last quarter of the run (a last
-  quarter far above the first: the worker fell behind the rate); *worker CPU busy*: the worker's
+  quarter far above the first: the worker fell behind the rate); *p99 after the first ¼*: the
+  visible p99 of the inputs sent after the first quarter (the run without its start); *worker CPU busy*: the worker's
   CPU time / wall time from the first send until all is processed (~100%: one core saturated).
 * **recovery**: a `memory-state` changelog synthesized directly (node rows, and per user a full
   de-duplication window in the compact form above: chunk rows + aux row; each row in its user's
@@ -532,6 +533,7 @@ class Latency:
     written_ms: list[float]
     early_ms: list[float]  #: visible latency of the inputs sent in the first quarter of the run
     late_ms: list[float]  #: ... in the last quarter (much higher than early: the worker falls behind)
+    steady_ms: list[float]  #: ... after the first quarter (the run without its start)
     busy: float = 0.0  #: worker CPU seconds / wall seconds from the first send until all processed
 
 
@@ -562,7 +564,8 @@ def latency_run(settings: Settings, load: list[Record], state: list[StateRow], b
     result.busy = busy
     say(f"   visible p50 {percentile(result.visible_ms, .5):,.0f} ms, p99 {percentile(result.visible_ms, .99):,.0f} ms "
         f"({result.matched:,} inputs matched); p50 first quarter {percentile(result.early_ms, .5):,.0f} ms, "
-        f"last quarter {percentile(result.late_ms, .5):,.0f} ms; worker CPU busy {100 * busy:.0f}%")
+        f"last quarter {percentile(result.late_ms, .5):,.0f} ms; p99 after the first quarter "
+        f"{percentile(result.steady_ms, .99):,.0f} ms; worker CPU busy {100 * busy:.0f}%")
     return result
 
 
@@ -586,7 +589,8 @@ def match_latencies(settings: Settings, records: list[Record], sent: list[float]
     quarter = len(records) // 4
     early = sorted((received - sent[n]) * 1000 for n, (received, _) in first.items() if n < quarter) or visible
     late = sorted((received - sent[n]) * 1000 for n, (received, _) in first.items() if n >= len(records) - quarter) or visible
-    return Latency(rate, store, len(records), len(first), visible, written, early, late)
+    steady = sorted((received - sent[n]) * 1000 for n, (received, _) in first.items() if n >= quarter) or visible
+    return Latency(rate, store, len(records), len(first), visible, written, early, late, steady)
 
 
 # -------------------------------------------------------------------------------------- recovery
@@ -735,13 +739,15 @@ def report(settings: Settings, args: argparse.Namespace, records: int, generator
             f"{cpu_of_quix(r.cpu_ms_per_record)} | {rss} |")
     if latencies:
         say("\n| latency, one worker | inputs | matched | visible p50 | p99 | max | written p50 | p99 "
-            "| p50 first ¼ | p50 last ¼ | worker CPU busy |\n|---|---|---|---|---|---|---|---|---|---|---|")
+            "| p50 first ¼ | p50 last ¼ | p99 after the first ¼ | worker CPU busy |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|")
     for lat in latencies:
         v, w = lat.visible_ms, lat.written_ms
         say(f"| {lat.rate:,.0f}/s, {lat.store} | {lat.records:,} | {lat.matched:,} | "
             f"{percentile(v, .5):,.0f} ms | {percentile(v, .99):,.0f} ms | {v[-1]:,.0f} ms | "
             f"{percentile(w, .5):,.0f} ms | {percentile(w, .99):,.0f} ms | "
-            f"{percentile(lat.early_ms, .5):,.0f} ms | {percentile(lat.late_ms, .5):,.0f} ms | {100 * lat.busy:.0f}% |")
+            f"{percentile(lat.early_ms, .5):,.0f} ms | {percentile(lat.late_ms, .5):,.0f} ms | "
+            f"{percentile(lat.steady_ms, .99):,.0f} ms | {100 * lat.busy:.0f}% |")
     if recoveries:
         say("\n| recovery: nodes | users | store | restore | /health ready | first query answered | slowest first query "
             "of a user | peak RSS at ready | peak RSS |\n|---|---|---|---|---|---|---|---|---|")
