@@ -36,6 +36,7 @@ EVENT = {
         "valid_from": 1_767_139_200_000,
         "valid_until": None,
     },
+    "caused_by": None,
 }
 
 

@@ -10,6 +10,9 @@ read_uncommitted unless its exactly-once mode is on): the graph-log shipper writ
 `graph.events.v1` in transactions, and a batch it aborted (killed mid-transaction) must not be
 applied. Topics nobody writes transactionally read the same either way.
 
+It also hands a fetched record to the streams without Faust's four tasks per record
+(`wait_first`, streams/runtime/inline.py): not a defect, a cost.
+
 The private methods overridden here are listed in `streams.runtime.faust_internals.CONSUMER_OVERRIDES`
 (a test allows exactly those names in this module); every private attribute read or written goes
 through a function of `streams.runtime.faust_internals`.
@@ -17,12 +20,14 @@ through a function of `streams.runtime.faust_internals`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from mode.services import WaitResults
 
 from streams.runtime.faust_internals import (
     consumer_thread,
@@ -34,6 +39,7 @@ from streams.runtime.faust_internals import (
     read_offset,
     set_read_offset,
 )
+from streams.runtime.inline import Resumed, first_step
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +142,23 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
     _lenient: set
     #: counts seeks and rebalances: a fetch during which it changed may hold stale records
     _moves: int
+
+    async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
+        # Not a rebalance defect: the cost of Faust's per-record hand-off (streams/runtime/inline.py).
+        # The fetcher awaits ``wait_first(on_message(record), suspend_flow.wait())`` for every
+        # record; the handler's first step runs here, and only a handler that suspends is raced
+        # against the flow's suspension (and the consumer's stop) in tasks, as Faust does.
+        if coros and asyncio.iscoroutine(coros[0]):
+            try:
+                step = first_step(coros[0])
+            except BaseException:
+                _close(coros[1:])
+                raise
+            if not isinstance(step, Resumed):
+                _close(coros[1:])
+                return WaitResults([], [], True) if self.should_stop else WaitResults([coros[0]], [step[1]], False)
+            coros = (step, *coros[1:])
+        return await super().wait_first(*coros, timeout=timeout)
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return ReadCommittedConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -265,6 +288,13 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
                 # then at most one fetch is dropped and repeated
                 self._sought_to(tp, 0 if tp in never or offset is None or offset < 0 else offset)
         return committed
+
+
+def _close(awaitables: tuple) -> None:
+    """Close coroutines that will never be awaited (no "never awaited" warning)."""
+    for aw in awaitables:
+        if asyncio.iscoroutine(aw):
+            aw.close()
 
 
 @dataclass(frozen=True)
