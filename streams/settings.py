@@ -76,6 +76,7 @@ class Settings:
     promotion_min_confidence: float = field(default=0.85, metadata={"doc": "Promotion policy: confidence needed (seed default 0.85)."})
     exact_scan_nodes: int = field(default=32, metadata={"doc": "A user with at most this many live nodes is compared with each of them exactly, without hashing (no MinHash signatures or LSH tables are built for the user until it has more; also bounds the per-user cache of node shingle sets). Only speed and memory depend on it, never a decision of the default decider on the bench streams (tests/core/test_golden_paths.py)."})
     loaded_nodes_max: int = field(default=100_000, metadata={"doc": "Bound of the memory state a worker keeps loaded: users are read from the `memory-state` table on first touch (a record, a sweep, a query) and the least recently used are dropped once the loaded users' nodes (+1 per user) exceed this. ~10 KB per node with its similarity index, so the default keeps it near 1 GiB; a user larger than the bound is still loaded (alone), and the users of the batch being applied stay until it is written."})
+    prefill_nodes: int = field(default=50_000, metadata={"doc": "After every rebalance (and at start) a worker reads the users of its partitions into the memory cache in the background, in slices of at most 10 ms, until the loaded users' nodes reach this (capped at MEMSTREAM_LOADED_NODES_MAX): the first records of a user then do not wait for its rows to be read (streams/agents/prefill.py). 0: users are read on first touch only."})
     dedup_max_ids: int = field(default=2000, metadata={"doc": "Input ids remembered per user for duplicate detection (within 7 days)."})
     relay_threshold: str = field(default="personal", metadata={"doc": "Default consented sensitivity threshold of the relay: content above it is redacted (per-user override: PUT /v1/relay/{motebit_id}/threshold)."})
     erase_max_nodes_per_step: int = field(default=1000, metadata={"doc": "Most memory nodes one step of a user's erasure deletes (`memstream erase`); a larger user is erased in several steps, each a bounded batch of rows (the agent sends itself the next step)."})
@@ -152,6 +153,8 @@ class Settings:
                      "restore_ahead_batch_bytes", "fetch_min_bytes", "fetch_max_wait_ms"):  # (the broker refuses < 0)
             if getattr(self, name) < 1:
                 raise SettingsError(f"MEMSTREAM_{name.upper()}={getattr(self, name)} must be at least 1")
+        if self.prefill_nodes < 0:
+            raise SettingsError(f"MEMSTREAM_PREFILL_NODES={self.prefill_nodes} must be 0 (no prefill) or more")
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
-from streams.agents import relay_policy
+from streams.agents import prefill, relay_policy
 from streams.agents.memory_store import STATE_TABLE, MemoryStore, UserContained, node_key
 from streams.agents.negotiator_calls import NegotiatorCalls
 from streams.analytics import classify_outcome
@@ -263,6 +263,7 @@ def register(rt: Runtime) -> MemoryAgent:
                 return
             await asyncio.sleep(0)
 
+    prefill.register(rt, store)
     rt.ticks("memory-housekeeping", catalog.MEMORY_CANDIDATES, housekeeping, cache=store, lock=store.lock)
     rt.stateful_agent(rt.input_channel(*PROCESSOR.sources), "memory-consolidate", apply, cache=store, lock=store.lock)
     return MemoryAgent(store, policy_topic, calls)

@@ -194,6 +194,18 @@ class MemoryStore:
             self._keep(motebit_id, um, redo, pin=cp is not None)
         return um
 
+    def prefill_user(self, motebit_id: str) -> bool:
+        """Load a user that is not loaded yet, without a record asking for it (`streams.agents.prefill`;
+        the caller holds `lock`): False when it is loaded already, or contained."""
+        if motebit_id in self.users or motebit_id in self.corrupt:
+            return False
+        um, redo = self._load(motebit_id)
+        if um is None:
+            return False
+        self._keep(motebit_id, um, redo, pin=False)
+        self.rt.count("memory_users:prefilled")
+        return True
+
     def partition_users(self, partition: int, wanted: Callable[[list], bool] | None = None, after: str | None = None
                         ) -> Iterator[tuple[str, UserMemory | None, dict | None, int]]:
         """`(user, state, redo, rows)` of every user of a local partition in user-id order

@@ -80,6 +80,15 @@ def _install_intrinsics() -> None:
         _intrinsics_installed = True
 
 
+#: the kernels compiled (or loaded from numba's cache) in this process, by name
+_compiled: set[str] = set()
+
+
+def compiled() -> frozenset[str]:
+    """The names of the kernels compiled (or loaded) so far in this process."""
+    return frozenset(_compiled)
+
+
 def _jit(fn: Callable[..., Any]) -> Callable[..., Any]:
     compiled: list[Callable[..., Any]] = []
 
@@ -89,6 +98,7 @@ def _jit(fn: Callable[..., Any]) -> Callable[..., Any]:
 
             _install_intrinsics()
             compiled.append(numba.njit(cache=True, nogil=True)(fn))
+            _compiled.add(fn.__name__)
         return compiled[0](*args)
 
     call.__name__, call.__doc__ = fn.__name__, fn.__doc__

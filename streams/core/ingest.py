@@ -46,6 +46,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from .limits import (
@@ -552,11 +553,7 @@ class DedupWindow:
     # ---- the compact form: tail record + sealed chunks
     def _last(self, n: int) -> list[list]:
         """The newest `n` retained ids as [id, timestamp] pairs, oldest first."""
-        out: list[list] = []
-        for item in reversed(self._ids.items()):
-            if len(out) >= n:
-                break
-            out.append(list(item))
+        out = [[key, ts] for key, ts in islice(reversed(self._ids.items()), max(n, 0))]
         out.reverse()
         return out
 

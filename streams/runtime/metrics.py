@@ -63,7 +63,8 @@ FAMILY_LABELS: dict[str, tuple[tuple[str, ...], str]] = {
     "violation": (("rule",), "Session lifecycle violations, by rule."),
     "negotiator": (("op",), "Negotiator requests handled, by op."),
     "housekeeping": (("kind",), "Housekeeping actions (e.g. expired nodes deleted), by kind."),
-    "memory_users": (("event",), "Users' memory state read from the memory-state table (`loaded`) and dropped from the bounded LRU (`evicted`)."),
+    "memory_users": (("event",), "Users' memory state read from the memory-state table (`loaded`; `prefilled`: of those, "
+                     "read by the prefill after a rebalance, unasked) and dropped from the bounded LRU (`evicted`)."),
     "erase": (("label",), "Erasure work done: memory nodes deleted (`nodes`) and receipts sent (`receipts`)."),
     "analytics_refused": (("label",), "Analytics records refused, by reason."),
     "acks_not_counted": (("reason",), "Input records Faust acknowledged that do not count towards a commit (`unapplied`: "

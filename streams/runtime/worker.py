@@ -55,6 +55,10 @@ def run(settings: Settings) -> int:
     if settings.restore_ahead:
         with restoring_http.serving(settings.web_host, settings.web_port) as status:
             restore.run(settings, rt.tables.values(), progress=status.update)
+    # the core's compiled loops now, not in the first batch that needs them (streams/core/warmup.py)
+    from streams.core.warmup import warm_up
+
+    log.info("consolidation core warmed up in %.1fs", warm_up(settings.index_config()))
     # only now: what the restore ahead wrote is always a correct prefix of the changelogs (a kill
     # during it keeps the copy); from here on Faust writes rows before their changelog does
     running.touch()

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from streams.contracts import catalog
-from tests.kafka_util import candidate, free_port, http_call, http_get, produce, wait_caught_up, worker
+from tests.kafka_util import candidate, free_port, http_call, http_get, log_of, produce, wait_caught_up, worker
 
 pytestmark = pytest.mark.kafka
 
@@ -53,3 +53,34 @@ def test_users_evicted_and_read_again_decide_as_users_kept_loaded(stack, unique)
     nodes = [n for u in users for n in answers["default"][u][1]["nodes"]]
     assert any(n["reinforcement_count"] > 0 for n in nodes)  # merges across batches happened
     assert any(n["superseded_by"] for n in nodes) or len(nodes) > len(users)  # and more than one node per user
+
+
+def _nodes(port: int, users: list[str]) -> dict[str, tuple[int, dict]]:
+    return {u: http_get(port, f"/v1/memory/{u}/nodes?include=superseded", "tok") for u in users}
+
+
+def test_a_restarted_worker_prefills_its_users_up_to_the_limit_and_answers_as_before(stack, unique):
+    """streams/agents/prefill.py: after the rebalance that gives a worker its partitions, it reads
+    their users into the cache with no record or query asking, stops at MEMSTREAM_PREFILL_NODES,
+    and the users it read answer exactly as the worker that wrote them did."""
+    users = [f"mb-prefill-{unique}-{i}" for i in range(6)]
+    name, env = f"prefill-{unique}", {"MEMSTREAM_APP_ID": f"it-prefill-{unique}", "MEMSTREAM_API_TOKENS": "tok:secret"}
+    port = free_port()
+    with worker(stack, name, env={**env, "MEMSTREAM_WEB_PORT": str(port)}):
+        produce(stack, catalog.MEMORY_CANDIDATES, [
+            (u, candidate(u, f"{u}-{j}", T0 + j * MIN, FACTS[(i + j) % len(FACTS)]))
+            for i, u in enumerate(users) for j in range(3)])
+        wait_caught_up(stack, env["MEMSTREAM_APP_ID"], catalog.MEMORY_CANDIDATES)
+        written = _nodes(port, users)
+    port = free_port()  # the same data dir; a prefill of about one user's nodes (each has 2-4)
+    with worker(stack, name, env={**env, "MEMSTREAM_WEB_PORT": str(port), "MEMSTREAM_PREFILL_NODES": "2"}):
+        deadline = time.monotonic() + 60
+        while "memory cache prefilled" not in (text := log_of(name)):
+            assert time.monotonic() < deadline, text[-3000:]
+            time.sleep(0.3)
+        prefilled, loaded = counter(port, "prefilled"), counter(port, "loaded")
+        assert 1 <= prefilled < len(users), (prefilled, text[-2000:])  # read unasked, stopped by the limit
+        assert loaded == prefilled  # nothing else read a user
+        answered = _nodes(port, users)  # the prefilled users from the cache, the others on first touch
+    assert answered == written
+    assert all(status == 200 and body["nodes"] for status, body in written.values())
