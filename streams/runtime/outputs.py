@@ -163,6 +163,19 @@ class OutputProducer:
         self._poller.start()
         return self._producer
 
+    def connect(self, timeout: float) -> bool:
+        """Start the producer now and read the cluster's metadata (every topic), so that the first
+        batch does not wait for the connection, the idempotent producer's id and each output
+        topic's leaders (a worker calls it before it takes records). False when the broker did
+        not answer in `timeout` s (then that happens on first use, as before)."""
+        producer = self._producer or self._start()
+        try:
+            producer.list_topics(timeout=timeout)
+            return True
+        except KafkaException as exc:
+            log.warning("output producer: no metadata within %.0fs (%s); connecting on first use", timeout, exc)
+            return False
+
     def _poll(self) -> None:
         while not self._stopping.is_set():
             try:

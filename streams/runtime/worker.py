@@ -59,6 +59,8 @@ def run(settings: Settings) -> int:
     from streams.core.warmup import warm_up
 
     log.info("consolidation core warmed up in %.1fs", warm_up(settings.index_config()))
+    if rt.output_producer is not None:  # connected, with the topics' leaders, before the first batch
+        rt.output_producer.connect(timeout=15.0)
     # only now: what the restore ahead wrote is always a correct prefix of the changelogs (a kill
     # during it keeps the copy); from here on Faust writes rows before their changelog does
     running.touch()

@@ -160,3 +160,20 @@ def test_a_refused_output_keeps_the_batch_from_writing_its_state(stack, unique):
         out.close()
     assert table == {}, "a row was written although an output of its batch was refused"
     admin.delete_topics([topic])
+
+
+def test_connect_reads_the_metadata_before_the_first_batch_and_never_raises(stack):
+    """A worker connects its output producer before it takes records (the first batch then does not
+    wait for the connection and the topics' leaders); a broker that does not answer is logged, not fatal."""
+    out = OutputProducer.for_worker(stack.broker, "test-outputs-connect", 5, 1_000_000)
+    try:
+        assert out.connect(timeout=30.0) is True
+    finally:
+        out.close()
+    from tests.kafka_util import free_port
+
+    nowhere = OutputProducer.for_worker(f"127.0.0.1:{free_port()}", "test-outputs-nowhere", 5, 1_000_000)
+    try:
+        assert nowhere.connect(timeout=1.0) is False
+    finally:
+        nowhere.close()
