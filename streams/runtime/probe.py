@@ -48,6 +48,15 @@ KNOWN_IDS_FILE = "schema-ids.json"
 ENOSPC_TEXT = "No space left on device"
 #: a decode error re-checks the registry at most this often (bad data must not flood it)
 EXPLAIN_MIN_INTERVAL_S = 2.0
+#: the loggers of the registry client's HTTP library (confluent-kafka's vendored `httpx2`, or
+#: `httpx`), which log one INFO line per request: ~2 lines a second from every worker's probe
+HTTP_CLIENT_LOGGERS = ("httpx", "httpx2")
+
+
+def quiet_http_clients() -> None:
+    """Only warnings and errors from the HTTP clients' loggers."""
+    for name in HTTP_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 #: every problem /health and /metrics can name (streams/agents/ops.py)
 REASONS = ("registry_unreachable", "registry_mismatch", "broker_unreachable", "disk_full", "recovery_stuck",
            "agent_stalled")
@@ -205,7 +214,7 @@ class WorkerProbe:
     # ------------------------------------------------------------------ the thread
     def start(self, cluster_id: str) -> None:
         """First checks now (before the worker consumes anything), then a daemon thread."""
-        logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per registry request
+        quiet_http_clients()
         self.watch_log(logging.getLogger())
         self.check_disk()
         self.load(cluster_id)

@@ -205,3 +205,19 @@ def test_free_space_below_the_threshold_stops_the_process(tmp_path):
             "print('still running')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == EXIT_DISK_FULL and "below MEMSTREAM_MIN_FREE_DISK_BYTES" in proc.stderr
+
+
+def test_the_probe_silences_the_registry_clients_request_lines():
+    """Every probe round GETs each schema id the worker used; the HTTP library logs each request at
+    INFO. The logger the installed registry client really uses is among those silenced."""
+    import logging
+
+    from confluent_kafka.schema_registry._sync import schema_registry_client
+
+    from streams.runtime.probe import HTTP_CLIENT_LOGGERS, quiet_http_clients
+
+    http = next(name for name in ("httpx2", "httpx") if name in vars(schema_registry_client))
+    used = vars(schema_registry_client)[http]._client.logger.name
+    assert used in HTTP_CLIENT_LOGGERS
+    quiet_http_clients()
+    assert not logging.getLogger(used).isEnabledFor(logging.INFO)
