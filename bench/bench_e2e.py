@@ -534,6 +534,8 @@ class Latency:
     early_ms: list[float]  #: visible latency of the inputs sent in the first quarter of the run
     late_ms: list[float]  #: ... in the last quarter (much higher than early: the worker falls behind)
     steady_ms: list[float]  #: ... after the first quarter (the run without its start)
+    #: visible latencies by the second of the run (from the first send) in which their inputs were sent
+    by_second: dict[int, list[float]]
     busy: float = 0.0  #: worker CPU seconds / wall seconds from the first send until all processed
 
 
@@ -562,7 +564,7 @@ def latency_run(settings: Settings, load: list[Record], state: list[StateRow], b
         stop(workers)
     result = match_latencies(settings, records, sent, tap.seen, rate, base.store)
     result.busy = busy
-    write_latency_series(run / f"latency-{rate:.0f}.tsv", records, sent, tap.seen, settings)
+    write_latency_series(run / f"latency-{rate:.0f}.tsv", result)
     say(f"   visible p50 {percentile(result.visible_ms, .5):,.0f} ms, p99 {percentile(result.visible_ms, .99):,.0f} ms "
         f"({result.matched:,} inputs matched); p50 first quarter {percentile(result.early_ms, .5):,.0f} ms, "
         f"last quarter {percentile(result.late_ms, .5):,.0f} ms; p99 after the first quarter "
@@ -591,26 +593,18 @@ def match_latencies(settings: Settings, records: list[Record], sent: list[float]
     early = sorted((received - sent[n]) * 1000 for n, (received, _) in first.items() if n < quarter) or visible
     late = sorted((received - sent[n]) * 1000 for n, (received, _) in first.items() if n >= len(records) - quarter) or visible
     steady = sorted((received - sent[n]) * 1000 for n, (received, _) in first.items() if n >= quarter) or visible
-    return Latency(rate, store, len(records), len(first), visible, written, early, late, steady)
-
-
-def write_latency_series(path: Path, records: list[Record], sent: list[float],
-                         seen: list[tuple[float, int, bytes]], settings: Settings) -> None:
-    """The run's visible latency second by second of sending (inputs sent, matched, p50, p99,
-    max): where in the run a tail comes from."""
-    index = {eid: n for n, r in enumerate(records) for eid in r.ledger_ids}
-    decode = CodecFactory.from_url(settings.registry_url).codec("memory_event").decode
-    first: dict[int, float] = {}
-    for received, _, value in seen:
-        n = index.get(decode(value)["event_id"])
-        if n is not None:
-            first[n] = min(received, first.get(n, received))
     by_second: dict[int, list[float]] = {}
-    for n, received in first.items():
+    for n, (received, _) in first.items():
         by_second.setdefault(int(sent[n] - sent[0]), []).append((received - sent[n]) * 1000)
+    return Latency(rate, store, len(records), len(first), visible, written, early, late, steady, by_second)
+
+
+def write_latency_series(path: Path, lat: Latency) -> None:
+    """The run's visible latency second by second of sending (inputs matched, p50, p99, max):
+    where in the run a tail comes from."""
     lines = ["second\tmatched\tp50_ms\tp99_ms\tmax_ms"]
-    for second in sorted(by_second):
-        ms = sorted(by_second[second])
+    for second in sorted(lat.by_second):
+        ms = sorted(lat.by_second[second])
         lines.append(f"{second}\t{len(ms)}\t{percentile(ms, .5):.0f}\t{percentile(ms, .99):.0f}\t{ms[-1]:.0f}")
     path.write_text("\n".join(lines) + "\n")
     say(f"   latency second by second: {path}")
