@@ -90,16 +90,16 @@ def compiled() -> frozenset[str]:
 
 
 def _jit(fn: Callable[..., Any]) -> Callable[..., Any]:
-    compiled: list[Callable[..., Any]] = []
+    jitted: list[Callable[..., Any]] = []
 
     def call(*args: Any) -> Any:
-        if not compiled:
+        if not jitted:
             import numba
 
             _install_intrinsics()
-            compiled.append(numba.njit(cache=True, nogil=True)(fn))
+            jitted.append(numba.njit(cache=True, nogil=True)(fn))
             _compiled.add(fn.__name__)
-        return compiled[0](*args)
+        return jitted[0](*args)
 
     call.__name__, call.__doc__ = fn.__name__, fn.__doc__
     return call

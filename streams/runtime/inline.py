@@ -62,7 +62,3 @@ class Resumed:
                     pending = coro.send(value)
                 except StopIteration as done:
                     return done.value
-
-    def close(self) -> None:
-        """Abandon the coroutine (never awaited)."""
-        self.coro.close()

@@ -52,14 +52,15 @@ EXPLAIN_MIN_INTERVAL_S = 2.0
 #: `httpx`), which log one INFO line per request: ~2 lines a second from every worker's probe
 HTTP_CLIENT_LOGGERS = ("httpx", "httpx2")
 
+#: every problem /health and /metrics can name (streams/agents/ops.py)
+REASONS = ("registry_unreachable", "registry_mismatch", "broker_unreachable", "disk_full", "recovery_stuck",
+           "agent_stalled")
+
 
 def quiet_http_clients() -> None:
     """Only warnings and errors from the HTTP clients' loggers."""
     for name in HTTP_CLIENT_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
-#: every problem /health and /metrics can name (streams/agents/ops.py)
-REASONS = ("registry_unreachable", "registry_mismatch", "broker_unreachable", "disk_full", "recovery_stuck",
-           "agent_stalled")
 
 
 def known_schema(version: SchemaVersion) -> KnownSchema:

@@ -102,21 +102,6 @@ def test_cancelling_the_task_cancels_the_suspended_coroutine():
     asyncio.run(main())
 
 
-def test_a_resumed_coroutine_can_be_abandoned():
-    closed = []
-
-    async def handler():
-        try:
-            await asyncio.sleep(0)
-        finally:
-            closed.append(True)
-
-    step = first_step(handler())
-    assert isinstance(step, Resumed)
-    step.close()
-    assert closed == [True]
-
-
 class _Consumer:
     """What mode's `Service.wait_first` would be asked (replaced by `race`: the real one needs a
     running service)."""
