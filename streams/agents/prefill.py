@@ -90,8 +90,7 @@ class Prefill:
             return False
         self.store.refresh()  # no batch is in flight (the lock is held): drops users read before the rebalance
         if self._pass is None or self._pass[0] != generation:
-            partitions = sorted(tp.partition for tp in self.rt.app.assignor.assigned_actives()
-                                if tp.topic == self.owner_topic)
+            partitions = sorted(self.rt.active_partitions(self.owner_topic))
             self._pass = (generation, partitions, [])
         _, partitions, users = self._pass
         while True:

@@ -265,8 +265,7 @@ def assemble(parts: list[Mapping[str, Any]], *, now_ms: int, user: str | None = 
 
 
 def _actives_of(rt: Runtime, table_name: str) -> set[int]:
-    topic = rt.tables[table_name].changelog_topic.get_topic_name()
-    return {tp.partition for tp in rt.app.assignor.assigned_actives() if tp.topic == topic}
+    return rt.active_partitions(rt.tables[table_name].changelog_topic.get_topic_name())
 
 
 def _owned(rt: Runtime, table_name: str, partition_of) -> list[Any]:

@@ -242,6 +242,10 @@ class Runtime:
                                      {"retention.ms": str(int(retention.total_seconds() * 1000))} if retention else {}))
         return topic
 
+    def active_partitions(self, topic: str) -> set[int]:
+        """The partitions of `topic` this worker is assigned as active (standbys not included)."""
+        return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
+
     def partition_of(self, key: str) -> int:
         """The partition of a UTF-8 key in every catalog topic (murmur2, as the Java client)."""
         return partition_for(key.encode(), self.settings.partitions)
@@ -284,9 +288,8 @@ class Runtime:
         @self.app.timer(self.settings.timer_interval_s, name=f"{name}-timer")
         async def send_ticks():
             now = str(int(time.time() * 1000)).encode()
-            for tp in self.app.assignor.assigned_actives():
-                if tp.topic == owner_topic:
-                    await topic.send(value=now, partition=tp.partition)
+            for partition in sorted(self.active_partitions(owner_topic)):
+                await topic.send(value=now, partition=partition)
 
     def add_hook(self, hook: PipelineHook) -> None:
         """Subscribe `hook` to what the pipeline does (see streams/runtime/handlers.py)."""

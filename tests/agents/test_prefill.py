@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from types import SimpleNamespace
 
 from faust.types import TP
 
 from streams.agents import prefill
 from streams.contracts import catalog
+from streams.runtime.app import Runtime
 from streams.settings import Settings
 
 
@@ -41,10 +43,10 @@ class _Store:
 
 
 def _prefill(monkeypatch, store, partitions=(0, 1), users_per_partition=4, **settings):
-    rt = SimpleNamespace(
-        settings=Settings(**settings), draining=False, partition_of=lambda user: 0,
-        app=SimpleNamespace(assignor=SimpleNamespace(assigned_actives=lambda: {
-            *(TP(catalog.MEMORY_CANDIDATES, p) for p in partitions), TP(catalog.MEMORY_EVENTS, 9)})))
+    actives = {*(TP(catalog.MEMORY_CANDIDATES, p) for p in partitions), TP(catalog.MEMORY_EVENTS, 9)}
+    app = SimpleNamespace(assignor=SimpleNamespace(assigned_actives=lambda: actives))
+    rt = SimpleNamespace(settings=Settings(**settings), draining=False, partition_of=lambda user: 0, app=app)
+    rt.active_partitions = partial(Runtime.active_partitions, rt)  # the real one, on the stand-in's assignor
     monkeypatch.setattr(prefill.state_scan, "partition_users",
                         lambda table, p, partition_of: [f"u{p}-{i}" for i in range(users_per_partition)])
     return prefill.Prefill(rt, store)
