@@ -6,8 +6,8 @@ A user's state is read from its `memory-state` rows on first touch (streams/agen
 a few milliseconds for a user with a full de-duplication window. Without a prefill the first
 second of a worker's paced input paid that for every user it met, and its p99 (0.4-0.8 s) was
 set by it (bench/RESULTS.md, issue 14). Here, once Faust has recovered the tables
-(`on_rebalance_complete`), the users of each active partition are read in user-id order, in
-slices of at most `SLICE_S` that hold the memory state's lock (a batch waits at most that long)
+(`on_rebalance_complete`), the users of each active partition are read in key order, in
+slices of at most `SLICE_S` (see there) that hold the memory state's lock (a batch waits at most that long)
 with the event loop free in between, until the loaded users' nodes reach MEMSTREAM_PREFILL_NODES
 (capped at MEMSTREAM_LOADED_NODES_MAX, so that it evicts at most what its last user needs). A rebalance (or a stop)
 abandons the pass; the next completed rebalance starts a new one. Users a record, a query or a
@@ -33,7 +33,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memstream.memory")
 
-SLICE_S = 0.01  #: longest one slice holds the memory state's lock
+#: longest one slice holds the memory state's lock, but for the skip scan that lists a
+#: partition's users (one seek per user, at most as many users as the node limit leaves room for)
+SLICE_S = 0.01
 PAUSE_S = 0.002  #: the event loop's turn between two slices
 
 
@@ -99,8 +101,11 @@ class Prefill:
             if not users:
                 if not partitions:
                     return False
-                users.extend(state_scan.partition_users(self.store.state, partitions.pop(0), self.rt.partition_of))
-                users.reverse()  # popped from the end: user-id order
+                # every user weighs at least 1: more users than the room left could never be read
+                room = self.limit - self.store.users.total
+                users.extend(state_scan.partition_users(self.store.state, partitions.pop(0), self.rt.partition_of,
+                                                        limit=room))
+                users.reverse()  # popped from the end: key order
                 continue
             if self.store.prefill_user(users.pop()):
                 self.loaded += 1

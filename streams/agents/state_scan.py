@@ -78,13 +78,15 @@ def user_rows(table: TableT, user: str, partition: int) -> list[tuple[str, Any]]
     return out
 
 
-def partition_users(table: TableT, partition: int, partition_of) -> list[str]:
+def partition_users(table: TableT, partition: int, partition_of, limit: int | None = None) -> list[str]:
     """The users of `partition` (`partition_of(user) == partition`) with rows in it, in key order.
     RocksDB: a skip scan that reads one key per user (an aux row key, or the first key of a
-    `<user>/…` range, after which it seeks past the range), not the user's rows."""
+    `<user>/…` range, after which it seeks past the range), not the user's rows. With `limit`,
+    the scan stops once it has found that many users (the first ones in key order)."""
     store = rocksdb_store(table)
     if store is None:
-        return sorted({k.partition(KEY_SEP)[0] for k in table.keys() if partition_of(k.partition(KEY_SEP)[0]) == partition})
+        found = sorted({k.partition(KEY_SEP)[0] for k in table.keys() if partition_of(k.partition(KEY_SEP)[0]) == partition})
+        return found if limit is None else found[:max(limit, 0)]
     db = _active_db(store, table, partition)
     if db is None:
         return []
@@ -92,7 +94,7 @@ def partition_users(table: TableT, partition: int, partition_of) -> list[str]:
     users: dict[str, None] = {}
     it = db.iter()
     it.seek_to_first()
-    while it.valid():
+    while it.valid() and (limit is None or len(users) < limit):
         key = it.key()
         if key == offset_key:
             it.next()

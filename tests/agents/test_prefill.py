@@ -26,7 +26,7 @@ class _Store:
     """What the prefill uses of a `MemoryStore`: `users` (user -> weight), `prefill_user`, `refresh`."""
 
     def __init__(self, weight: int = 3) -> None:
-        self.users, self.read, self.refreshed = _Users(), [], 0
+        self.users, self.read, self.refreshed, self.listed = _Users(), [], 0, []
         self.lock = asyncio.Lock()
         self.state = object()
         self.weight = weight
@@ -47,8 +47,11 @@ def _prefill(monkeypatch, store, partitions=(0, 1), users_per_partition=4, **set
     app = SimpleNamespace(assignor=SimpleNamespace(assigned_actives=lambda: actives))
     rt = SimpleNamespace(settings=Settings(**settings), draining=False, partition_of=lambda user: 0, app=app)
     rt.active_partitions = partial(Runtime.active_partitions, rt)  # the real one, on the stand-in's assignor
-    monkeypatch.setattr(prefill.state_scan, "partition_users",
-                        lambda table, p, partition_of: [f"u{p}-{i}" for i in range(users_per_partition)])
+    def listed(table, p, partition_of, limit=None):
+        store.listed.append(limit)
+        return [f"u{p}-{i}" for i in range(users_per_partition)][:limit]
+
+    monkeypatch.setattr(prefill.state_scan, "partition_users", listed)
     return prefill.Prefill(rt, store)
 
 
@@ -67,6 +70,7 @@ def test_the_pass_stops_at_the_node_limit_capped_by_the_cache_bound(monkeypatch)
     asyncio.run(p.on_rebalance_complete())
     assert p.step(p.generation, time.monotonic() + 60) is False
     assert store.users.total == 9 and len(store.read) == 3  # 3 users of 3 nodes: at the limit, no more
+    assert store.listed == [7]  # a partition is listed only as far as the room left (each user weighs >= 1)
     store = _Store(weight=3)
     p = _prefill(monkeypatch, store, prefill_nodes=50_000, loaded_nodes_max=4)
     asyncio.run(p.on_rebalance_complete())
@@ -137,3 +141,17 @@ def test_a_failing_read_stops_the_pass_without_stopping_the_loop(monkeypatch, ca
 
     assert asyncio.run(main())
     assert "memory cache prefill failed" in caplog.text
+
+
+def test_a_negative_prefill_limit_is_refused_and_a_huge_one_is_capped_by_the_cache_bound():
+    import pytest
+
+    from streams.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="MEMSTREAM_PREFILL_NODES=-1"):
+        Settings(prefill_nodes=-1)
+    with pytest.raises(SettingsError, match="MEMSTREAM_PREFILL_NODES"):
+        Settings.from_env({"MEMSTREAM_PREFILL_NODES": "lots"})
+    huge = Settings.from_env({"MEMSTREAM_PREFILL_NODES": str(10**30)})
+    store = _Store()
+    assert prefill.Prefill(SimpleNamespace(settings=huge), store).limit == huge.loaded_nodes_max

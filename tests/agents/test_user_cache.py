@@ -366,6 +366,9 @@ def test_a_prefix_scan_of_the_users_partition_finds_exactly_the_users_rows(tmp_p
     for p in (0, 1):
         mine = sorted(u for u in want if partition_of(u) == p)
         assert sorted(state_scan.partition_users(rocks, p, partition_of)) == mine
+        for limit in (0, 1, len(mine) // 2, len(mine) + 3):  # the prefill's bound: the first users found
+            first = state_scan.partition_users(rocks, p, partition_of, limit=limit)
+            assert first == state_scan.partition_users(rocks, p, partition_of)[:limit]
         # users in id order (a sweep in slices resumes after a user id), each with exactly its rows
         assert [(u, sorted(r(), key=lambda kv: kv[0])) for u, r in state_scan.users_rows(rocks, p, partition_of)] == \
             [(u, sorted(want[u], key=lambda kv: kv[0])) for u in mine]
@@ -421,6 +424,8 @@ def test_a_store_without_rocksdb_is_scanned_whole():
     table = Plain({"u": {"k": 1}, "u/n": {"k": 2}, "u-10/n": {"k": 3}, "v": {"k": 4}})
     assert sorted(state_scan.user_rows(table, "u", 0)) == [("u", {"k": 1}), ("u/n", {"k": 2})]
     assert state_scan.partition_users(table, 1, partition_of) == ["u", "v"]
+    assert state_scan.partition_users(table, 1, partition_of, limit=1) == ["u"]
+    assert state_scan.partition_users(table, 1, partition_of, limit=0) == []
     assert [(u, r()) for u, r in state_scan.users_rows(table, 1, partition_of)] == \
         [("u", [("u", {"k": 1}), ("u/n", {"k": 2})]), ("v", [("v", {"k": 4})])]
 
