@@ -188,6 +188,11 @@ def test_a_user_whose_rows_cannot_be_rebuilt_is_contained_when_loaded():
     assert loaded.memory is None and loaded.corrupt
     loaded = load_user("mb-broken", [("mb-broken/~seen/x", [])], dedup_max_ids=MAX_IDS)
     assert loaded.memory is None and "chunk" in loaded.corrupt
+    aux = UserMemory("mb-broken", dedup_max_ids=MAX_IDS).aux_record(compact=True)
+    for bad in (0, -1, "many"):  # a hostile chunk size in the aux row: contained, not a crash
+        hostile = {**aux, "seen": {**aux["seen"], "chunk_size": bad}}
+        loaded = load_user("mb-broken", [("mb-broken", hostile)], dedup_max_ids=MAX_IDS)
+        assert loaded.memory is None and ("chunk_size" in loaded.corrupt or "many" in loaded.corrupt)
 
 
 def test_the_redo_log_of_the_aux_row_comes_with_the_user():

@@ -50,3 +50,33 @@ def test_the_aux_record_stays_small_while_the_window_is_full():
     assert len(w) == 2000 and len(w.to_tail_record()["tail"]) == 0  # 5000 = 50 full chunks
     w.add("one-more", 5000)
     assert [k for k, _ts in w.to_tail_record()["tail"]] == ["one-more"]
+
+
+def test_a_user_persisted_with_another_chunk_size_keeps_it():
+    """Users written with the old 100-id chunks (or a tail record that names no size, read as
+    100) are rebuilt with their own size and go on sealing chunks of it; new users get the
+    current SEEN_CHUNK_SIZE."""
+    from streams.core.ingest import LEGACY_CHUNK_SIZE, SEEN_CHUNK_SIZE
+
+    assert SEEN_CHUNK_SIZE != LEGACY_CHUNK_SIZE
+    old = DedupWindow(10_000, 30 * DAY, LEGACY_CHUNK_SIZE)
+    for i in range(250):
+        old.add(f"id{i}", i)
+    sealed, _ = old.take_changes()
+    assert sorted(sealed) == [0, 1]
+    for record in (old.to_tail_record(), {k: v for k, v in old.to_tail_record().items() if k != "chunk_size"}):
+        rebuilt = DedupWindow.from_tail_record(record, sealed, 10_000, 30 * DAY)
+        assert rebuilt.chunk_size == LEGACY_CHUNK_SIZE
+        assert list(rebuilt._ids) == list(old._ids)
+        for i in range(250, 300):
+            rebuilt.add(f"id{i}", i)
+        assert sorted(rebuilt.take_changes()[0]) == [2]  # ids 200..299: the third 100-id chunk
+    assert DedupWindow().chunk_size == SEEN_CHUNK_SIZE
+
+
+def test_a_tail_record_with_a_hostile_chunk_size_is_refused():
+    import pytest
+
+    for bad in (0, -5):
+        with pytest.raises(ValueError, match="chunk_size"):
+            DedupWindow.from_tail_record({"seq": 3, "tail": [], "chunk_size": bad}, {})
