@@ -149,7 +149,9 @@ class Runtime:
         self._dlq_unlogged = 0  # dead letters since, logged at debug only
         self.tables: dict[str, faust.types.TableT] = {}
         self._changelogs: dict[str, faust.types.TableT] = {}  # changelog topic -> its table
-        #: the checkpoint whose rows are being written (`rows_of`: a synchronous block)
+        self._changelog_topics: dict[str, str] = {}  # table name -> its changelog topic
+        self._direct_stores: dict[str, Any] = {}  # table name -> its RocksDB store, or None (`write_rows`)
+        #: the checkpoint whose rows are being written (`write_rows`: a synchronous block)
         self._writing: checkpoint.Checkpoint | None = None
         #: (name, partitions, retention ms) of the internal topics: the worker creates them first
         self.internal_topics: list[tuple[str, int, dict[str, str]]] = []
@@ -183,6 +185,7 @@ class Runtime:
             table, codecs.KEY_CODEC, "json", decode_values=not self.settings.store.startswith("rocksdb:"))
         send_changelog = table.send_changelog
         self._changelogs[changelog.get_topic_name()] = table
+        self._changelog_topics[name] = changelog.get_topic_name()
 
         def send_changelog_tracked(partition: int | None, key: Any, value: Any, key_serializer: Any = None,
                                    value_serializer: Any = None) -> Any:
@@ -197,14 +200,13 @@ class Runtime:
             k = changelog.prepare_key(key, key_serializer or table.key_serializer, None, None)[0]  # type: ignore[attr-defined]
             v = None if value is None else changelog.prepare_value(
                 value, value_serializer or table.value_serializer, None, None)[0]  # type: ignore[attr-defined]
-            if cp.state_deliveries is None:
-                cp.state_deliveries = self.output_producer.deliveries(on_done=self._persisted)
-                cp.record_state_ack(cp.state_deliveries)
-            self.output_producer.produce_now(cp.state_deliveries, changelog.get_topic_name(), k, v, partition)
+            self._changelog_row(cp, changelog.get_topic_name(), k, v, partition)
             return faust_internals.changelog_sent(partition)
 
         # the checkpoint waits for it (streams.runtime.checkpoint step 4)
         faust_internals.replace_send_changelog(table, send_changelog_tracked)
+        if self.settings.store.startswith("rocksdb:") and not self.settings.state_wal:
+            faust_internals.write_without_wal(table)
         # created by the worker before Faust subscribes, as the internal topics are: a changelog
         # missing from the consumer's metadata snapshot reads as 0 partitions, and Faust's check of
         # the first write to the table (`PartitionsMismatch`) then stops the worker
@@ -213,16 +215,75 @@ class Runtime:
         self.tables[name] = table
         return table
 
-    @contextmanager
-    def rows_of(self, cp: checkpoint.Checkpoint) -> Iterator[None]:
-        """While `cp` writes its rows (`checkpoint.Sink`): their changelog sends are its own.
-        The writes are synchronous, so no other checkpoint's rows are written meanwhile."""
+    def write_rows(self, cp: checkpoint.Checkpoint, rows: list[checkpoint.Row]) -> None:
+        """Step 3 of `cp` (`checkpoint.Sink`): write its rows, in order, synchronously (so no other
+        checkpoint's rows are written meanwhile); their changelog acknowledgements are `cp`'s.
+
+        A RocksDB table's rows (with the output producer) are written as `table[key] = row` would
+        write them: the same key and value bytes into the store of the event's partition, then the
+        same record to that changelog partition, in the same order; only Faust's per-row layers
+        are skipped (its mapping, store and changelog wrappers, two serializer lookups, the
+        current-event switch: ~10% of a caught-up worker's CPU, bench/RESULTS.md "Issue 14, stop
+        20"). Each partition store gets one RocksDB write batch, written before any of the rows'
+        changelog records is produced (Faust's order: the store, then the changelog). Any other
+        table: through Faust (`checkpoint.write_through_tables`)."""
         assert self._writing is None, "rows of two checkpoints written at once"
         self._writing = cp
         try:
-            yield
+            direct = [] if self.output_producer is None else [r for r in rows if self._direct_store(r.table) is not None]
+            if len(direct) < len(rows):
+                checkpoint.write_through_tables([r for r in rows if self._direct_store(r.table) is None])
+            if direct:
+                self._write_direct(cp, direct)
         finally:
             self._writing = None
+
+    def _direct_store(self, table: faust.types.TableT) -> Any | None:
+        """The table's RocksDB store when this runtime writes its rows itself (`write_rows`)."""
+        name = table.name
+        if name not in self._direct_stores:
+            ours = self.tables.get(name) is table and name in self._changelog_topics
+            self._direct_stores[name] = faust_internals.rocksdb_store(table) if ours else None
+        return self._direct_stores[name]
+
+    def _write_direct(self, cp: checkpoint.Checkpoint, rows: list[checkpoint.Row]) -> None:
+        import rocksdict
+
+        batches: dict[tuple[str, int], Any] = {}
+        records = []
+        for row in rows:
+            store = self._direct_stores[row.table.name]
+            faust_internals.verify_source_partitions(row.table, row.event.message.topic)  # as Faust's write does
+            partition = row.event.message.partition
+            key = faust_internals.encoded_key(store, row.key)
+            if row.value is checkpoint.DELETE:
+                # `table.pop(key, None)` removes (and sends a tombstone for) a row that is there only
+                if faust_internals.rocksdb_partition_db(store, partition).get(key) is None:
+                    continue
+                value = None
+            else:
+                value = faust_internals.encoded_row(row.table, row.value)
+            batch = batches.get((row.table.name, partition))
+            if batch is None:
+                batch = batches[(row.table.name, partition)] = rocksdict.WriteBatch(raw_mode=True)
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+            records.append((self._changelog_topics[row.table.name], key, value, partition))
+        for (name, partition), batch in batches.items():
+            faust_internals.rocksdb_partition_db(self._direct_stores[name], partition).write(batch)
+        for topic, key, value, partition in records:
+            self._changelog_row(cp, topic, key, value, partition)
+
+    def _changelog_row(self, cp: checkpoint.Checkpoint, topic: str, key: bytes, value: bytes | None,
+                       partition: int) -> None:
+        """A table row's changelog record, through the output producer, acknowledged with `cp`."""
+        assert self.output_producer is not None
+        if cp.state_deliveries is None:
+            cp.state_deliveries = self.output_producer.deliveries(on_done=self._persisted)
+            cp.record_state_ack(cp.state_deliveries)
+        self.output_producer.produce_now(cp.state_deliveries, topic, key, value, partition)
 
     def _persisted(self, offsets: dict[tuple[str, int], int]) -> None:
         """What Faust does once it has sent a changelog row, for the rows the output producer sent

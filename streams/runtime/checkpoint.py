@@ -10,10 +10,12 @@ and, for each batch:
 1. runs every event (decode, the pure core, sends): outputs and dead letters go to the producer
    and their acknowledgements are collected; table writes are only *staged* here;
 2. waits until every output of the batch is acknowledged by the broker;
-3. writes the staged rows, each row once (its last value) and in the context of the last event
+3. writes the staged rows, each row once (its last value) and in the partition of the last event
    that staged it (Faust puts a row on the changelog partition of the current event, which for
    co-partitioned keys is the input partition). Rows staged with ``first=True`` are written
-   before the others, so in every changelog partition they precede the rows they describe.
+   before the others, so in every changelog partition they precede the rows they describe. The
+   runtime writes a RocksDB table's rows itself, byte for byte as Faust would, one write batch
+   per partition store (`Sink.write_rows`, `Runtime.write_rows`).
 
 4. waits until every changelog write of step 3 is acknowledged by the broker (Faust would
    otherwise leave them in its producer buffer, and a stopping worker may commit its offsets
@@ -57,7 +59,7 @@ otherwise slip out of the protocol, e.g. from a task the handler left running). 
 running at once (another agent, a timer) each have their own checkpoint, so neither can stage
 into, wait for, or drop the other's effects. The runtime side (`Runtime`, the `Sink` protocol)
 sends the records, and while the rows are written (step 3, synchronous: no other task runs in
-between) routes the tables' changelog acknowledgements to the checkpoint (`Sink.rows_of`).
+between) routes the tables' changelog acknowledgements to the checkpoint (`Sink.write_rows`).
 
 Tables with more than one writer
 --------------------------------
@@ -95,10 +97,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import weakref
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from faust.stores.base import SerializedStore
 from faust.types import EventT, TableT
@@ -129,6 +130,27 @@ class _Write:
     value: Any  # a row, DELETE, an Update, or a callable(checkpoint) -> row evaluated when written
     event: EventT
     first: bool
+
+
+class Row(NamedTuple):
+    """One row a checkpoint writes in step 3: `value` a row or DELETE, in `event`'s partition."""
+
+    table: TableT
+    key: str
+    value: Any
+    event: EventT
+
+
+def write_through_tables(rows: Iterable[Row]) -> None:
+    """Write rows as a Faust agent does (`table[key] = row`, `table.pop(key)`, each in the context
+    of its event): the store and the changelog of any table (RocksDB: the value encoded once for
+    both, `faust_internals.encoded_row`)."""
+    for row in rows:
+        with in_event(row.event):
+            if row.value is DELETE:
+                row.table.pop(row.key, None)
+            else:
+                row.table[row.key] = faust_internals.encoded_row(row.table, row.value)
 
 
 #: id(table) -> a reference to it (tables are unhashable; the reference tells a reused id apart)
@@ -189,8 +211,9 @@ class Sink(Protocol):
                           keep_value: bool = True) -> None:
         """Send `event`'s record to the dead-letter topic, acknowledged with `cp`."""
 
-    def rows_of(self, cp: Checkpoint) -> AbstractContextManager[None]:
-        """While `cp` writes its rows, the tables' changelog acknowledgements are `cp`'s."""
+    def write_rows(self, cp: Checkpoint, rows: list[Row]) -> None:
+        """Step 3: write `cp`'s rows in this order (synchronously); the acknowledgements of their
+        changelog records are `cp`'s (`cp.record_state_ack`)."""
 
 
 class Checkpoint:
@@ -321,14 +344,14 @@ class Checkpoint:
         """Write the staged rows: `first` ones, then the rest; each once, with its last value.
         Synchronous: no other batch runs while the rows are written."""
         ordered = sorted(self._writes.values(), key=lambda w: not w.first)  # stable: staging order kept
-        with self._sink.rows_of(self) if self._sink is not None else nullcontext():
-            for w in ordered:
-                with in_event(w.event):
-                    value = self._evaluate(w)
-                    if value is DELETE:
-                        w.table.pop(w.key, None)
-                    else:  # (RocksDB: encoded once for the store and the changelog)
-                        w.table[w.key] = faust_internals.encoded_row(w.table, value)
+        rows = []
+        for w in ordered:  # every value first (an update reads its row), then the writes
+            with in_event(w.event):
+                rows.append(Row(w.table, w.key, self._evaluate(w), w.event))
+        if self._sink is not None:
+            self._sink.write_rows(self, rows)
+        else:
+            write_through_tables(rows)
         self._writes.clear()
         self._groups.clear()
 

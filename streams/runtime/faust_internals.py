@@ -17,7 +17,7 @@ private attribute they *read or write* goes through a function of this module.
 `PINNED` is the set of versions these were read in and verified against. Another installed version
 fails tests/runtime/test_faust_internals.py loudly, and the worker logs one WARNING at start
 (`warn_if_unpinned`; it does not refuse to start). rocksdict is used through its public API only
-(`Rdict.get`, `items(from_key=...)`, `iter()`), so it is not listed.
+(`Rdict.get`, `items(from_key=...)`, `iter()`, `set_write_options`), so it is not listed.
 
 Not covered here: aiohttp internals (`RequestHandler._manager`, `AppRunner._make_server`, ...) in
 `streams/api/http.py`'s server limits; they are aiohttp's, not Faust's.
@@ -56,9 +56,12 @@ PRIVATE_API: tuple[tuple[str, str], ...] = (
     ("faust.transport.consumer:Consumer", "_is_changelog_tp"),
     ("faust.transport.consumer:ThreadDelegateConsumer", "_thread"),
     ("faust.tables.base:Collection", "_new_changelog_topic"),
+    ("faust.tables.base:Collection", "_verify_source_topic_partitions"),
     ("faust.stores.rocksdb:Store", "_dbs"),
     ("faust.stores.rocksdb:Store", "_db_for_partition"),
+    ("faust.stores.rocksdb:Store", "_open_for_partition"),
     ("faust.stores.base:Store", "_decode_value"),
+    ("faust.stores.base:Store", "_encode_key"),
     ("faust.stores.base:Store", "_encode_value"),
     ("faust.web.base:BlueprintManager", "_enabled"),
     ("faust.web.drivers.aiohttp:Web", "_runner"),
@@ -267,6 +270,20 @@ def rebuild_changelog_topic(table: TableT, key_serializer: str, value_serializer
     return topic
 
 
+def verify_source_partitions(table: TableT, source_topic: str) -> None:
+    """Faust's check before a table's first row from `source_topic` (faust-streaming 0.15.3
+    `Collection._verify_source_topic_partitions`, once per topic): raises `PartitionsMismatch`
+    when the topic and the table's changelog have different partition counts (a row would land in
+    the changelog partition of another key space)."""
+    table._verify_source_topic_partitions(source_topic)  # type: ignore[attr-defined]
+
+
+def encoded_key(store: SerializedStore, key: Any) -> bytes:
+    """The bytes a serialized store (and the table's changelog, `Runtime.table`) keeps for `key`
+    (faust-streaming 0.15.3 `Store._encode_key`: the table's key serializer)."""
+    return store._encode_key(key)
+
+
 def encoded_row(table: TableT, value: Any) -> Any:
     """What to assign to `table[key]` for the row `value`: for a serialized store (RocksDB) the
     bytes it would write, else the value itself.
@@ -326,6 +343,45 @@ def rocksdb_store(table: TableT) -> Any | None:
     if hasattr(store, "_dbs") and getattr(store, "use_rocksdict", False) and hasattr(store, "_db_for_partition"):
         return store
     return None
+
+
+_WITHOUT_WAL: weakref.WeakSet = weakref.WeakSet()  # tables whose partition stores skip RocksDB's WAL
+
+
+def write_without_wal(table: TableT) -> None:
+    """Open the table's RocksDB partition stores with RocksDB's write-ahead log off (rocksdict
+    `WriteOptions.disable_wal`, for every `put`, `delete` and write batch through that handle).
+
+    faust-streaming 0.15.3 opens a partition's Rdict in `Store._open_for_partition` and never
+    sets its write options; this wraps that method (once, for the class) to set them on the
+    stores of the tables named here. Why it is safe is in docs/state-and-failures.md ("The
+    tables' write-ahead log"); the restore ahead opens its own handles (`RocksDBOptions.open`)
+    and keeps the log."""
+    from faust.stores.rocksdb import Store
+
+    _WITHOUT_WAL.add(table)
+    if getattr(Store._open_for_partition, "memstream_no_wal", False):
+        return
+    opened = Store._open_for_partition
+
+    def _open_for_partition(self: Any, partition: int) -> Any:
+        db = opened(self, partition)
+        if self.table in _WITHOUT_WAL:
+            db.set_write_options(no_wal_write_options())
+        return db
+
+    _open_for_partition.memstream_no_wal = True  # type: ignore[attr-defined]
+    Store._open_for_partition = _open_for_partition  # type: ignore[method-assign]
+
+
+def no_wal_write_options() -> Any:
+    """rocksdict write options with the write-ahead log off (sync off, as RocksDB's default)."""
+    import rocksdict
+
+    options = rocksdict.WriteOptions()
+    # a property in rocksdict 0.3.29 (its .pyi declares a method: hence the ignore)
+    options.disable_wal = True  # type: ignore[method-assign, assignment]
+    return options
 
 
 def rocksdb_partition_db(store: Any, partition: int) -> Any:

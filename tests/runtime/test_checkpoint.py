@@ -5,7 +5,6 @@ test; the handler gets the attempt's checkpoint `cp` and does everything through
 from __future__ import annotations
 
 import asyncio
-from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -64,13 +63,12 @@ class Sink:
     async def dead_letter(self, cp, event, stage, reason, error_class, keep_value=True) -> None:
         self.dead.append((cp, event, error_class))
 
-    @contextmanager
-    def rows_of(self, cp):
+    def write_rows(self, cp, rows):
         assert self.writing is None
         self.writing = cp
         self.written_by.append(cp)
         try:
-            yield
+            checkpoint.write_through_tables(rows)
         finally:
             self.writing = None
 

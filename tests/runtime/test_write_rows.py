@@ -1,0 +1,116 @@
+"""A checkpoint's rows written by the runtime itself (`Runtime.write_rows`) against the same rows
+written through Faust (`checkpoint.write_through_tables`): the same bytes in each partition's
+RocksDB store and the same changelog records, in the same order. Real RocksDB stores (a temporary
+data dir), no broker: the output producer is replaced by a recorder of what it is handed."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streams.runtime import checkpoint, faust_internals
+from streams.runtime.app import create_runtime
+from streams.settings import Settings
+
+
+class Deliveries:
+    def __init__(self, on_done) -> None:
+        self.on_done = on_done
+
+
+class RecordingProducer:
+    """What `Runtime._changelog_row` hands the output producer, in order."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, bytes, bytes | None, int]] = []
+
+    def deliveries(self, on_done=None):
+        return Deliveries(on_done)
+
+    def produce_now(self, deliveries, topic, key, value, partition) -> None:
+        self.records.append((topic, key, value, partition))
+
+
+@pytest.fixture(scope="module")
+def rt(tmp_path_factory):
+    env = {"MEMSTREAM_REGISTRY_URL": "", "MEMSTREAM_STORE": "rocksdb://",
+           "MEMSTREAM_DATA_DIR": str(tmp_path_factory.mktemp("write-rows")), "MEMSTREAM_APP_ID": "write-rows"}
+    runtime = create_runtime(Settings.from_env(env))
+    runtime.output_producer = RecordingProducer()  # type: ignore[assignment]
+    return runtime
+
+
+class _Event:  # what a row's writer reads of its event (weakly referenced, as Faust's are)
+    def __init__(self, partition: int) -> None:
+        self.message = SimpleNamespace(topic="memory.candidates.v1", partition=partition)
+
+
+_event = _Event
+
+
+def _store_rows(table) -> dict[int, list[tuple[bytes, bytes]]]:
+    store = faust_internals.rocksdb_store(table)
+    return {p: sorted((k, v) for k, v in faust_internals.rocksdb_partition_db(store, p).items()
+                      if not k.startswith(b"__faust"))
+            for p in range(2)}
+
+
+keys = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FFF), min_size=1, max_size=12)
+values = st.one_of(st.just(checkpoint.DELETE), st.dictionaries(st.text(max_size=5), st.integers(-2**63, 2**63 - 1) | st.text(max_size=30),
+                                                               max_size=4))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(keys, values, st.integers(0, 1)), min_size=1, max_size=30, unique_by=lambda r: r[0]),
+       st.integers(0, 10**9))
+def test_direct_rows_are_the_rows_faust_would_write(rt, rows, salt):
+    direct, faust_path = rt.tables["memory-state"], rt.tables["negotiator"]
+    assert rt._direct_store(direct) is not None  # the direct path is the one under test
+    recorder: RecordingProducer = rt.output_producer  # type: ignore[assignment]
+    # two rounds over the same keys: the second overwrites and deletes rows the first wrote
+    for round_ in range(2):
+        # (a DELETE in the first round removes a row that is not there: no write, no tombstone)
+        staged = [(f"{salt}-{key}", value if round_ or value is checkpoint.DELETE else {"first": key}, partition)
+                  for key, value, partition in rows]
+        recorder.records.clear()
+        cp = checkpoint.Checkpoint(rt)
+        rt.write_rows(cp, [checkpoint.Row(direct, k, v, _event(p)) for k, v, p in staged])
+        by_runtime = list(recorder.records)
+        recorder.records.clear()
+        rt._writing = cp  # as `write_rows` does around Faust's writes
+        try:
+            checkpoint.write_through_tables([checkpoint.Row(faust_path, k, v, _event(p)) for k, v, p in staged])
+        finally:
+            rt._writing = None
+        by_faust = list(recorder.records)
+        assert [(k, v, p) for _t, k, v, p in by_runtime] == [(k, v, p) for _t, k, v, p in by_faust]
+        assert {t for t, *_ in by_runtime} <= {rt._changelog_topics["memory-state"]}
+        assert _store_rows(direct) == _store_rows(faust_path)
+        assert bool(cp.state_acks) == bool(by_runtime)  # the records' acknowledgements are the checkpoint's
+        store = faust_internals.rocksdb_store(direct)
+        for k, v, p in staged:  # and they are the rows staged: there, or removed
+            kept = faust_internals.rocksdb_partition_db(store, p).get(k.encode())
+            assert (kept is None) == (v is checkpoint.DELETE)
+
+
+def test_a_table_on_another_store_is_written_through_faust(tmp_path):
+    env = {"MEMSTREAM_REGISTRY_URL": "", "MEMSTREAM_STORE": "memory://", "MEMSTREAM_DATA_DIR": str(tmp_path),
+           "MEMSTREAM_APP_ID": "write-rows-memory"}
+    runtime = create_runtime(Settings.from_env(env))
+    runtime.output_producer = RecordingProducer()  # type: ignore[assignment]
+    table = runtime.tables["memory-state"]
+    assert runtime._direct_store(table) is None
+    cp = checkpoint.Checkpoint(runtime)
+    runtime.write_rows(cp, [checkpoint.Row(table, "u-1", {"a": 1}, _event(0)),
+                            checkpoint.Row(table, "u-2", {"b": 2}, _event(1))])
+    runtime.write_rows(cp, [checkpoint.Row(table, "u-2", checkpoint.DELETE, _event(1)),
+                            checkpoint.Row(table, "u-3", checkpoint.DELETE, _event(1))])  # u-3 was never there
+    with checkpoint.in_event(_event(0)):
+        assert table.get("u-1") == {"a": 1}
+    with checkpoint.in_event(_event(1)):
+        assert table.get("u-2") is None
+    assert [(k, v is None, p) for _t, k, v, p in runtime.output_producer.records] == [
+        (b"u-1", False, 0), (b"u-2", False, 1), (b"u-2", True, 1)]
