@@ -486,7 +486,7 @@ def validate_turn(raw: Any, limits: Limits = DEFAULT_LIMITS) -> Rejection | None
 #: ids per sealed chunk of a new user's persisted de-duplication window. The open chunk (its
 #: tail, up to SEEN_CHUNK_SIZE - 1 ids) rides in the user's aux row, which is rewritten in almost
 #: every batch that touches the user, so a small chunk keeps that row small: 25 instead of 100
-#: cut the caught-up CPU per record by ~10% (bench/RESULTS.md, "Issue 14, stop 20"). A user keeps
+#: cut the caught-up CPU per record by ~1% (bench/RESULTS.md, "Issue 14, stop 20"). A user keeps
 #: the chunk size its tail record names, so users persisted with another size stay readable.
 SEEN_CHUNK_SIZE = 25
 LEGACY_CHUNK_SIZE = 100  #: the chunk size of a tail record that names none (none was written without it)

@@ -176,7 +176,7 @@ def _updates_only(table: TableT) -> bool:
 def _current(table: TableT, key: str) -> Any:
     """A private copy of the row: a serialized store (RocksDB) decodes a new object on every
     read; any other (memory://, a test's dict) hands out its stored object itself."""
-    row = table.get(key)
+    row = faust_internals.read_row(table, key)
     return row if isinstance(getattr(table, "data", None), SerializedStore) else copy.deepcopy(row)
 
 

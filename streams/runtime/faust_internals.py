@@ -270,6 +270,22 @@ def rebuild_changelog_topic(table: TableT, key_serializer: str, value_serializer
     return topic
 
 
+def read_row(table: TableT, key: Any) -> Any:
+    """`table.get(key)` inside an event, for one RocksDB read instead of two.
+
+    faust-streaming 0.15.3: `Mapping.get` on a table asks `key in store` (a RocksDB get in the
+    current event's partition) and then `store[key]` (the same get again, then the decode). A
+    RocksDB store is read here as its own `Store._get` reads it in an event (the partition store
+    of the current event, for a table neither global nor using the partitioner): one get, one
+    decode. Any other store, or no current event: `table.get(key)`."""
+    store = rocksdb_store(table)
+    event = _faust_streams.current_event() if store is not None else None
+    if store is None or event is None or table.is_global or table.use_partitioner:
+        return table.get(key)
+    raw = store._db_for_partition(event.message.partition).get(store._encode_key(key))
+    return None if raw is None else store._decode_value(raw)
+
+
 def verify_source_partitions(table: TableT, source_topic: str) -> None:
     """Faust's check before a table's first row from `source_topic` (faust-streaming 0.15.3
     `Collection._verify_source_topic_partitions`, once per topic): raises `PartitionsMismatch`
@@ -339,7 +355,7 @@ def rocksdb_store(table: TableT) -> Any | None:
     faust-streaming 0.15.3 `faust/stores/rocksdb.py`: one `rocksdict.Rdict` per partition in
     `Store._dbs`, opened by `Store._db_for_partition`. memstream reads one user's rows by a prefix
     scan instead of every row of the table (streams/agents/state_scan.py)."""
-    store = table.data
+    store = getattr(table, "data", None)
     if hasattr(store, "_dbs") and getattr(store, "use_rocksdict", False) and hasattr(store, "_db_for_partition"):
         return store
     return None

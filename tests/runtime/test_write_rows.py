@@ -94,6 +94,10 @@ def test_direct_rows_are_the_rows_faust_would_write(rt, rows, salt):
         for k, v, p in staged:  # and they are the rows staged: there, or removed
             kept = faust_internals.rocksdb_partition_db(store, p).get(k.encode())
             assert (kept is None) == (v is checkpoint.DELETE)
+            for partition in (p, 1 - p):  # the one-get read is the table's read, in either partition
+                with checkpoint.in_event(_event(partition)):
+                    assert faust_internals.read_row(direct, k) == direct.get(k)
+                    assert (faust_internals.read_row(direct, k) is None) == (v is checkpoint.DELETE or partition != p)
 
 
 def test_a_table_on_another_store_is_written_through_faust(tmp_path):
@@ -114,3 +118,26 @@ def test_a_table_on_another_store_is_written_through_faust(tmp_path):
         assert table.get("u-2") is None
     assert [(k, v is None, p) for _t, k, v, p in runtime.output_producer.records] == [
         (b"u-1", False, 0), (b"u-2", False, 1), (b"u-2", True, 1)]
+
+
+def test_rocksdb_rows_with_faust_as_the_output_producer_are_written_through_faust(tmp_path, monkeypatch):
+    """MEMSTREAM_OUTPUT_PRODUCER=faust: no direct writes, every row through Faust (none dropped)."""
+    env = {"MEMSTREAM_REGISTRY_URL": "", "MEMSTREAM_STORE": "rocksdb://", "MEMSTREAM_DATA_DIR": str(tmp_path),
+           "MEMSTREAM_APP_ID": "write-rows-faust", "MEMSTREAM_OUTPUT_PRODUCER": "faust"}
+    runtime = create_runtime(Settings.from_env(env))
+    assert runtime.output_producer is None
+    table = runtime.tables["memory-state"]
+    sent: list[tuple[int, object, object]] = []
+
+    def send_soon(*, key, value, partition, **_kw):  # Faust's producer buffer, without a broker
+        sent.append((partition, key, value))
+        return SimpleNamespace(message=SimpleNamespace(partition=partition))
+
+    monkeypatch.setattr(table.changelog_topic, "send_soon", send_soon)
+    cp = checkpoint.Checkpoint(runtime)
+    runtime.write_rows(cp, [checkpoint.Row(table, "u-1", {"a": 1}, _event(0)),
+                            checkpoint.Row(table, "u-2", {"b": 2}, _event(1))])
+    for key, partition, row in (("u-1", 0, {"a": 1}), ("u-2", 1, {"b": 2})):
+        with checkpoint.in_event(_event(partition)):
+            assert table.get(key) == row
+    assert [(p, k) for p, k, _v in sent] == [(0, "u-1"), (1, "u-2")]
