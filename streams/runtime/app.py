@@ -42,6 +42,7 @@ from streams.runtime.handlers import PipelineHook, Rejected
 from streams.runtime.metrics import Metrics
 from streams.runtime.outputs import OutputProducer, OutputsFailed
 from streams.runtime.rebalance import RebalanceSafeConsumer
+from streams.runtime.row_cache import MISSING, DecodedRows
 from streams.settings import Settings
 
 if TYPE_CHECKING:
@@ -151,6 +152,10 @@ class Runtime:
         self._changelogs: dict[str, faust.types.TableT] = {}  # changelog topic -> its table
         self._changelog_topics: dict[str, str] = {}  # table name -> its changelog topic
         self._direct_stores: dict[str, Any] = {}  # table name -> its RocksDB store, or None (`write_rows`)
+        #: the rows of the updates-only tables written directly, kept decoded (`read_row`)
+        self.row_cache = DecodedRows(settings.row_cache_bytes)
+        for signal in (self.app.on_partitions_assigned, self.app.on_partitions_revoked, self.app.on_rebalance_complete):
+            signal.connect(self._forget_rows)
         #: the checkpoint whose rows are being written (`write_rows`: a synchronous block)
         self._writing: checkpoint.Checkpoint | None = None
         #: (name, partitions, retention ms) of the internal topics: the worker creates them first
@@ -241,6 +246,25 @@ class Runtime:
         finally:
             self._writing = None
 
+    def read_row(self, table: faust.types.TableT, key: str) -> Any:
+        """`checkpoint.Sink.read_row`: a row of an updates-only table written directly is taken
+        from `row_cache` (the object written last, now the caller's; streams/runtime/row_cache.py),
+        else read (and decoded) from the table."""
+        partition = faust_internals.current_partition()
+        if partition is not None and self._caches_rows(table):
+            row = self.row_cache.take(table.name, partition, key)
+            if row is not MISSING:
+                return row
+        return checkpoint.current_row(table, key)
+
+    def _caches_rows(self, table: faust.types.TableT) -> bool:
+        return (self.output_producer is not None and self._direct_store(table) is not None
+                and checkpoint.is_updates_only(table))
+
+    async def _forget_rows(self, *args: Any, **kwargs: Any) -> None:
+        """Partitions move: their rows may change behind the cache (recovery, standby replicas)."""
+        self.row_cache.clear()
+
     def _direct_store(self, table: faust.types.TableT) -> Any | None:
         """The table's RocksDB store when this runtime writes its rows itself (`write_rows`)."""
         name = table.name
@@ -254,18 +278,23 @@ class Runtime:
 
         batches: dict[tuple[str, int], Any] = {}
         records = []
+        cached: list[tuple[str, int, str, Any, int]] = []  # (table, partition, key, row or DELETE, size)
         for row in rows:
             store = self._direct_stores[row.table.name]
             faust_internals.verify_source_partitions(row.table, row.event.message.topic)  # as Faust's write does
             partition = row.event.message.partition
             key = faust_internals.encoded_key(store, row.key)
             if row.value is checkpoint.DELETE:
+                if self._caches_rows(row.table):
+                    cached.append((row.table.name, partition, row.key, checkpoint.DELETE, 0))
                 # `table.pop(key, None)` removes (and sends a tombstone for) a row that is there only
                 if faust_internals.rocksdb_partition_db(store, partition).get(key) is None:
                     continue
                 value = None
             else:
                 value = faust_internals.encoded_row(row.table, row.value)
+                if self._caches_rows(row.table) and not isinstance(row.value, (bytes, bytearray)):
+                    cached.append((row.table.name, partition, row.key, row.value, len(value)))
             batch = batches.get((row.table.name, partition))
             if batch is None:
                 batch = batches[(row.table.name, partition)] = rocksdict.WriteBatch(raw_mode=True)
@@ -276,6 +305,11 @@ class Runtime:
             records.append((self._changelog_topics[row.table.name], key, value, partition))
         for (name, partition), batch in batches.items():
             faust_internals.rocksdb_partition_db(self._direct_stores[name], partition).write(batch)
+        for name, partition, key_text, row_value, size in cached:  # in the store now: kept decoded
+            if row_value is checkpoint.DELETE:
+                self.row_cache.drop(name, partition, key_text)
+            else:
+                self.row_cache.put(name, partition, key_text, row_value, size)
         for topic, key, value, partition in records:
             self._changelog_row(cp, topic, key, value, partition)
 

@@ -168,12 +168,12 @@ def updates_only(table: TableT) -> TableT:
     return table
 
 
-def _updates_only(table: TableT) -> bool:
+def is_updates_only(table: TableT) -> bool:
     ref = _UPDATES_ONLY.get(id(table))
     return ref is not None and ref() is table
 
 
-def _current(table: TableT, key: str) -> Any:
+def current_row(table: TableT, key: str) -> Any:
     """A private copy of the row: a serialized store (RocksDB) decodes a new object on every
     read; any other (memory://, a test's dict) hands out its stored object itself."""
     row = faust_internals.read_row(table, key)
@@ -214,6 +214,10 @@ class Sink(Protocol):
     def write_rows(self, cp: Checkpoint, rows: list[Row]) -> None:
         """Step 3: write `cp`'s rows in this order (synchronously); the acknowledgements of their
         changelog records are `cp`'s (`cp.record_state_ack`)."""
+
+    def read_row(self, table: TableT, key: str) -> Any:
+        """The row an update staged for `key` is applied to, in step 3 (the current event's
+        partition): a private object, which the update may change (`_current`)."""
 
 
 class Checkpoint:
@@ -278,7 +282,7 @@ class Checkpoint:
         """Stage a row (DELETE: remove it; a callable ``value(cp)``: evaluated when written).
         `first` rows are written before the others."""
         self._open()
-        if _updates_only(table) and not isinstance(value, Update):
+        if is_updates_only(table) and not isinstance(value, Update):
             raise TypeError(f"table {getattr(table, 'name', table)!r} has several writers: "
                             "change its rows with cp.update, not by writing a value")
         assert self.event is not None, "a write outside an event"
@@ -293,7 +297,9 @@ class Checkpoint:
     def update(self, table: TableT, key: str, fn: Callable[[Any], Any], first: bool = False) -> None:
         """Stage `fn(row) -> row` (or DELETE), applied to the row as it is when written, after this
         attempt's earlier writes of the key: the discipline of a table that several agents write
-        without a common lock."""
+        without a common lock. `fn` owns the row it is given (it may change it) and returns it or
+        a new object that nothing else keeps: the runtime may keep the row it writes, decoded,
+        for the key's next update (streams/runtime/row_cache.py)."""
         self.write(table, key, Update(fn), first)
 
     def read(self, table: TableT, key: str, default: Any = None) -> Any:
@@ -302,7 +308,7 @@ class Checkpoint:
         w = self._writes.get((id(table), key))
         if w is None:
             return table.get(key, default)
-        value = w.value.fn(_current(table, key)) if isinstance(w.value, Update) else w.value
+        value = w.value.fn(current_row(table, key)) if isinstance(w.value, Update) else w.value
         return default if value is DELETE else value
 
     def staged_rows(self, table: TableT, group: str) -> dict[str, Any]:
@@ -312,7 +318,7 @@ class Checkpoint:
         for k in self._groups.get((id(table), group), ()):
             if k != group:
                 v = self._writes[(id(table), k)].value
-                out[k] = v.fn(_current(table, k)) if isinstance(v, Update) else v
+                out[k] = v.fn(current_row(table, k)) if isinstance(v, Update) else v
         return out
 
     def add_bytes(self, group: str, n: int, budget: int) -> None:
@@ -335,7 +341,7 @@ class Checkpoint:
     def _evaluate(self, w: _Write) -> Any:
         """The row a staged value stands for, now."""
         if isinstance(w.value, Update):
-            return w.value.fn(_current(w.table, w.key))
+            return w.value.fn(current_row(w.table, w.key) if self._sink is None else self._sink.read_row(w.table, w.key))
         if callable(w.value):
             return w.value(self)
         return w.value

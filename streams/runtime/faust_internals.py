@@ -286,6 +286,12 @@ def read_row(table: TableT, key: Any) -> Any:
     return None if raw is None else store._decode_value(raw)
 
 
+def current_partition() -> int | None:
+    """The partition of Faust's current event (where a table write goes), None outside one."""
+    event = _faust_streams.current_event()
+    return None if event is None else event.message.partition
+
+
 def verify_source_partitions(table: TableT, source_topic: str) -> None:
     """Faust's check before a table's first row from `source_topic` (faust-streaming 0.15.3
     `Collection._verify_source_topic_partitions`, once per topic): raises `PartitionsMismatch`

@@ -105,6 +105,9 @@ class FakeRuntime:
         fut.set_result(None)
         cp.record_ack(fut)
 
+    def read_row(self, table, key):
+        return checkpoint.current_row(table, key)
+
     def write_rows(self, cp, rows):
         checkpoint.write_through_tables(rows)
 

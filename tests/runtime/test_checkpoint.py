@@ -63,6 +63,9 @@ class Sink:
     async def dead_letter(self, cp, event, stage, reason, error_class, keep_value=True) -> None:
         self.dead.append((cp, event, error_class))
 
+    def read_row(self, table, key):
+        return checkpoint.current_row(table, key)
+
     def write_rows(self, cp, rows):
         assert self.writing is None
         self.writing = cp

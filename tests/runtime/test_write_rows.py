@@ -5,6 +5,8 @@ data dir), no broker: the output producer is replaced by a recorder of what it i
 
 from __future__ import annotations
 
+import copy
+import itertools
 from types import SimpleNamespace
 
 import pytest
@@ -126,6 +128,7 @@ def test_rocksdb_rows_with_faust_as_the_output_producer_are_written_through_faus
            "MEMSTREAM_APP_ID": "write-rows-faust", "MEMSTREAM_OUTPUT_PRODUCER": "faust"}
     runtime = create_runtime(Settings.from_env(env))
     assert runtime.output_producer is None
+    assert not runtime._caches_rows(runtime.tables["analytics"])  # rows through Faust: none kept decoded
     table = runtime.tables["memory-state"]
     sent: list[tuple[int, object, object]] = []
 
@@ -141,3 +144,110 @@ def test_rocksdb_rows_with_faust_as_the_output_producer_are_written_through_faus
         with checkpoint.in_event(_event(partition)):
             assert table.get(key) == row
     assert [(p, k) for p, k, _v in sent] == [(0, "u-1"), (1, "u-2")]
+
+
+_EXAMPLES = itertools.count()
+
+
+def _update_batch(rt, table, partition: int, updates: dict[str, object]) -> None:
+    """One batch attempt's step 3: an update per key (`updates`: key -> fn), in `partition`."""
+    cp = checkpoint.Checkpoint(rt)
+    cp.event = _event(partition)
+    for key, fn in updates.items():
+        cp.update(table, key, fn)
+    cp._write_state()
+
+
+def _stored(table, partition: int, key: str):
+    with checkpoint.in_event(_event(partition)):
+        return table.get(key)
+
+
+def test_an_update_is_handed_the_row_its_key_last_wrote_and_never_a_row_the_store_lacks(rt):
+    table = rt.tables["analytics"]
+    assert checkpoint.is_updates_only(table) and rt._caches_rows(table)
+    given_rows: list = []
+
+    def step(n: int, fail: bool = False):
+        def fn(row):
+            given_rows.append(row)
+            row = {"n": n, "items": list(range(n))} if row is None else {**row, "n": n}
+            if fail:
+                row["n"] = -1
+                raise RuntimeError("the update failed")
+            return row
+        return fn
+
+    rt.row_cache.clear()
+    _update_batch(rt, table, 1, {"rc-a": step(1)})
+    written = rt.row_cache._rows[("analytics", 1, "rc-a")][0]
+    _update_batch(rt, table, 1, {"rc-a": step(2)})
+    assert given_rows[-1] is written  # not read and decoded again: the object written last time
+    assert _stored(table, 1, "rc-a") == {"n": 2, "items": [0]}
+    given = given_rows[-1]  # mutated in place? no: `{**row}` made a new one, and the cache let it go
+    assert ("analytics", 1, "rc-a") in rt.row_cache._rows and rt.row_cache._rows[("analytics", 1, "rc-a")][0] is not given
+
+    with pytest.raises(RuntimeError):  # a failed batch: the key leaves the cache, the store keeps n=2
+        _update_batch(rt, table, 1, {"rc-a": step(3, fail=True)})
+    assert ("analytics", 1, "rc-a") not in rt.row_cache._rows
+    _update_batch(rt, table, 1, {"rc-a": step(4)})
+    assert given_rows[-1] == {"n": 2, "items": [0]}  # decoded from the store
+
+    import asyncio
+    asyncio.run(rt._forget_rows())  # partitions moved: every kept row is dropped
+    assert len(rt.row_cache) == 0
+    _update_batch(rt, table, 1, {"rc-a": step(5)})
+    assert given_rows[-1] == {"n": 4, "items": [0]}
+    _update_batch(rt, table, 1, {"rc-a": lambda row: checkpoint.DELETE})
+    assert ("analytics", 1, "rc-a") not in rt.row_cache._rows and _stored(table, 1, "rc-a") is None
+    _update_batch(rt, table, 0, {"rc-a": step(6)})  # the same key in another partition is another row
+    assert given_rows[-1] is None
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["add", "add", "delete", "fail", "rebalance", "evict"]),
+                          st.integers(0, 1), st.integers(0, 1)), min_size=1, max_size=25))
+def test_updates_through_the_cache_see_what_the_store_holds(rt, steps):
+    """Batches of updates, failed batches, rebalances and a cache too small for the rows, in any
+    order: every update is handed exactly the row the store holds, and the store holds the model."""
+    import asyncio
+
+    table = rt.tables["analytics"]
+    model: dict[tuple[str, int], dict] = {}
+    salt = next(_EXAMPLES)  # keys no earlier example wrote
+    for op, k, partition in steps:
+        key = f"rc-{salt}-{k}"
+        before = model.get((key, partition))
+        seen: list = []
+
+        def fn(row, op=op, seen=seen):
+            seen.append(copy.deepcopy(row))
+            if op == "delete":
+                return checkpoint.DELETE
+            row = row if row is not None else {"count": 0, "log": []}
+            row["count"] += 1  # changed in place: the update owns the row it is handed
+            row["log"].append(op)
+            if op == "fail":
+                raise RuntimeError("failed")
+            return row
+
+        if op == "rebalance":
+            asyncio.run(rt._forget_rows())
+            continue
+        max_bytes = rt.row_cache.max_bytes
+        if op == "evict":
+            rt.row_cache.max_bytes = 10  # every row is larger: nothing is kept
+        try:
+            _update_batch(rt, table, partition, {key: fn})
+        except RuntimeError:
+            assert op == "fail"
+        finally:
+            rt.row_cache.max_bytes = max_bytes
+        assert seen == [before]
+        if op == "delete":
+            model.pop((key, partition), None)
+        elif op != "fail":
+            model[(key, partition)] = {"count": (before or {"count": 0})["count"] + 1,
+                                       "log": [*(before or {"log": []})["log"], op]}
+        assert _stored(table, partition, key) == model.get((key, partition))
+    assert rt.row_cache.bytes <= rt.row_cache.max_bytes
