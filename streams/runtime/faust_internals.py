@@ -367,7 +367,15 @@ def rocksdb_store(table: TableT) -> Any | None:
     return None
 
 
-_WITHOUT_WAL: weakref.WeakSet = weakref.WeakSet()  # tables whose partition stores skip RocksDB's WAL
+#: id(table) -> a weak reference to it, for the tables whose partition stores skip RocksDB's WAL.
+#: Not a WeakSet: its membership test compares tables with `==`, which for a Faust table is
+#: `Mapping.__eq__` (every row of both decoded), and it ran at every partition store opened.
+_WITHOUT_WAL: dict[int, weakref.ref] = {}
+
+
+def _without_wal(table: Any) -> bool:
+    ref = _WITHOUT_WAL.get(id(table))
+    return ref is not None and ref() is table
 
 
 def write_without_wal(table: TableT) -> None:
@@ -381,14 +389,14 @@ def write_without_wal(table: TableT) -> None:
     and keeps the log."""
     from faust.stores.rocksdb import Store
 
-    _WITHOUT_WAL.add(table)
+    _WITHOUT_WAL[id(table)] = weakref.ref(table)
     if getattr(Store._open_for_partition, "memstream_no_wal", False):
         return
     opened = Store._open_for_partition
 
     def _open_for_partition(self: Any, partition: int) -> Any:
         db = opened(self, partition)
-        if self.table in _WITHOUT_WAL:
+        if _without_wal(self.table):
             db.set_write_options(no_wal_write_options())
         return db
 
