@@ -68,6 +68,9 @@ PRIVATE_API: tuple[tuple[str, str], ...] = (
     ("aiokafka.consumer.consumer:AIOKafkaConsumer", "_isolation_level"),
     ("aiokafka.consumer.consumer:AIOKafkaConsumer", "_fetch_min_bytes"),
     ("aiokafka.consumer.consumer:AIOKafkaConsumer", "_fetch_max_wait_ms"),
+    ("aiokafka.consumer.consumer:AIOKafkaConsumer", "_fetcher"),
+    ("aiokafka.consumer.fetcher:Fetcher", "_fetch_min_bytes"),
+    ("aiokafka.consumer.fetcher:Fetcher", "_fetch_max_wait_ms"),
     ("mode.worker:Worker", "_schedule_shutdown"),
     ("mode.worker:Worker", "_signal_stop_time"),
 )
@@ -78,6 +81,7 @@ CONSUMER_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("faust.transport.drivers.aiokafka:Consumer", "_new_consumer_thread"),
     ("faust.transport.consumer:Consumer", "_reset_state"),
     ("faust.transport.consumer:Consumer", "_getmany"),
+    ("faust.transport.drivers.aiokafka:AIOKafkaConsumerThread", "_fetch_records"),
 )
 
 #: Private names no module of `streams/` but this one (and rebalance.py, for `CONSUMER_OVERRIDES`) spells.
@@ -231,12 +235,18 @@ def read_committed(aiokafka_consumer: Any) -> None:
 
 def fetch_batching(aiokafka_consumer: Any, min_bytes: int, max_wait_ms: int) -> None:
     """Make an aiokafka consumer's fetch requests ask the broker to wait for `min_bytes` of
-    records, at most `max_wait_ms`.
+    records, at most `max_wait_ms`, from its next fetch request on.
 
     aiokafka 0.14.0: `AIOKafkaConsumer._fetch_min_bytes` / `_fetch_max_wait_ms`, read when it
-    starts its fetcher; faust-streaming 0.15.3 passes neither (aiokafka's 1 byte) and 1,500 ms."""
+    starts its fetcher, which copies them and reads its own copies each time it builds a fetch
+    request (`Fetcher._fetch_min_bytes` / `_fetch_max_wait_ms`); faust-streaming 0.15.3 passes
+    neither (aiokafka's 1 byte) and 1,500 ms. Call it in the consumer's own thread."""
     aiokafka_consumer._fetch_min_bytes = min_bytes
     aiokafka_consumer._fetch_max_wait_ms = max_wait_ms
+    fetcher = getattr(aiokafka_consumer, "_fetcher", None)
+    if fetcher is not None:
+        fetcher._fetch_min_bytes = min_bytes
+        fetcher._fetch_max_wait_ms = max_wait_ms
 
 
 # ------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,20 +40,31 @@ from streams.runtime.faust_internals import (
     read_offset,
     set_read_offset,
 )
+from streams.runtime.fetch_pace import FetchPace
 from streams.runtime.inline import Resumed, first_step
 
 log = logging.getLogger(__name__)
 
 
 class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """Faust's consumer thread whose worker consumer skips aborted transactions and batches its fetches (MEMSTREAM_FETCH_MIN_BYTES, MEMSTREAM_FETCH_MAX_WAIT_MS)."""
+    """Faust's consumer thread whose worker consumer skips aborted transactions and batches its fetches while records flow (MEMSTREAM_FETCH_MIN_BYTES, MEMSTREAM_FETCH_MAX_WAIT_MS, MEMSTREAM_FETCH_QUIET_MS)."""
 
     def _create_worker_consumer(self, transport):
         consumer = super()._create_worker_consumer(transport)
         read_committed(consumer)  # read by aiokafka when it starts its fetcher
         settings = self.app.memstream_runtime.settings  # type: ignore[attr-defined]
-        fetch_batching(consumer, settings.fetch_min_bytes, settings.fetch_max_wait_ms)
+        self._pace = FetchPace((settings.fetch_min_bytes, settings.fetch_max_wait_ms), settings.fetch_quiet_ms / 1000)
+        fetch_batching(consumer, *self._pace.current)
         return consumer
+
+    async def _fetch_records(self, consumer, active_partitions, timeout=None, max_records=None):
+        """Faust's fetch (in the consumer's thread), then the fetch batching its outcome calls for
+        (streams/runtime/fetch_pace.py)."""
+        records = await super()._fetch_records(consumer, active_partitions, timeout=timeout, max_records=max_records)
+        change = self._pace.observe(sum(len(recs) for recs in records.values()), time.monotonic())
+        if change is not None:
+            fetch_batching(consumer, *change)
+        return records
 
 
 class RebalanceSafeConsumer(faust_aiokafka.Consumer):

@@ -196,16 +196,42 @@ def test_a_memory_tables_changelog_records_are_decoded():
         assert event.value == {"a": [1, 2]}, name
 
 
-def test_the_worker_consumer_batches_its_fetches_as_configured_and_reads_committed():
+def test_the_worker_consumer_batches_its_fetches_while_records_flow_and_reads_committed(monkeypatch):
     import asyncio
+    from types import SimpleNamespace
 
-    async def consumer_settings():
-        rt = Runtime(Settings(registry_url="", partitions=5, fetch_min_bytes=777, fetch_max_wait_ms=33))
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    fetched: list[dict] = []
+
+    async def faust_fetch(self, consumer, active_partitions, timeout=None, max_records=None):
+        return fetched.pop(0)
+
+    monkeypatch.setattr(faust_aiokafka.AIOKafkaConsumerThread, "_fetch_records", faust_fetch)
+
+    async def settings_seen():
+        rt = Runtime(Settings(registry_url="", partitions=5, fetch_min_bytes=777, fetch_max_wait_ms=33,
+                              fetch_quiet_ms=50))
         register_all(rt)
-        consumer = rt.app.consumer._thread._create_worker_consumer(rt.app.transport)
+        thread = rt.app.consumer._thread
+        consumer = thread._create_worker_consumer(rt.app.transport)
+        consumer._fetcher = SimpleNamespace(_fetch_min_bytes=None, _fetch_max_wait_ms=None)  # as started
+        seen = [(consumer._fetch_min_bytes, consumer._fetch_max_wait_ms, consumer._isolation_level)]
         try:
-            return consumer._fetch_min_bytes, consumer._fetch_max_wait_ms, consumer._isolation_level
+            for records, pause in (({"tp": [1, 2]}, 0), ({}, 0), ({}, 0.08), ({"tp": [3]}, 0)):
+                await asyncio.sleep(pause)
+                fetched.append(records)
+                assert await thread._fetch_records(consumer, None, timeout=1) == records
+                seen.append((consumer._fetcher._fetch_min_bytes, consumer._fetcher._fetch_max_wait_ms))
+            return seen
         finally:
+            consumer._fetcher = None  # (never started)
             await consumer.stop()
 
-    assert asyncio.run(consumer_settings()) == (777, 33, "read_committed")
+    assert asyncio.run(settings_seen()) == [
+        (1, 1500, "read_committed"),  # quiet until records come: the first is answered at once
+        (777, 33),  # records: fetches gather
+        (777, 33),  # an empty fetch right after: still flowing
+        (1, 1500),  # none for longer than MEMSTREAM_FETCH_QUIET_MS: quiet again
+        (777, 33),
+    ]

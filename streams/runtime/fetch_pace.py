@@ -1,0 +1,41 @@
+"""How much a worker's fetch requests ask the broker to gather, from whether records are flowing.
+
+A fetch that asks for 1 byte returns as soon as one record is there: a worker paced at 900
+records/s then handles many small fetches and batches, and spent 72% of a core where one asking
+for 64 KB (held at most 25 ms) spent 42% (bench/RESULTS.md, "Issue 14, stop 20"). But a fetch
+held 25 ms makes an idle worker fetch 40 times a second (4.9% of a core instead of 1.5%). So the
+consumer asks for the batch (MEMSTREAM_FETCH_MIN_BYTES, MEMSTREAM_FETCH_MAX_WAIT_MS) while
+records arrive, and for Faust's 1 byte / 1500 ms once none came for MEMSTREAM_FETCH_QUIET_MS: the
+first record after a quiet spell is answered at once, as before.
+"""
+
+from __future__ import annotations
+
+#: what a quiet worker asks for: Faust's defaults (answered by the first record, else every 1.5 s)
+QUIET = (1, 1500)
+
+
+class FetchPace:
+    """The (min bytes, max wait ms) a consumer's next fetch requests should ask for."""
+
+    def __init__(self, flowing: tuple[int, int], quiet_after_s: float, quiet: tuple[int, int] = QUIET) -> None:
+        self.flowing = flowing
+        self.quiet = quiet
+        self.quiet_after_s = quiet_after_s
+        self.current = quiet
+        self._last_records = float("-inf")
+
+    def observe(self, records: int, now: float) -> tuple[int, int] | None:
+        """After a fetch that returned `records` records at `now` (seconds, monotonic): the new
+        setting when it changes, else None."""
+        if records > 0:
+            self._last_records = now
+            want = self.flowing
+        elif now - self._last_records >= self.quiet_after_s:
+            want = self.quiet
+        else:
+            want = self.current
+        if want == self.current:
+            return None
+        self.current = want
+        return want
