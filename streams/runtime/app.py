@@ -284,8 +284,9 @@ class Runtime:
             faust_internals.verify_source_partitions(row.table, row.event.message.topic)  # as Faust's write does
             partition = row.event.message.partition
             key = faust_internals.encoded_key(store, row.key)
+            caches = self._caches_rows(row.table)
             if row.value is checkpoint.DELETE:
-                if self._caches_rows(row.table):
+                if caches:
                     cached.append((row.table.name, partition, row.key, checkpoint.DELETE, 0))
                 # `table.pop(key, None)` removes (and sends a tombstone for) a row that is there only
                 if faust_internals.rocksdb_partition_db(store, partition).get(key) is None:
@@ -293,7 +294,7 @@ class Runtime:
                 value = None
             else:
                 value = faust_internals.encoded_row(row.table, row.value)
-                if self._caches_rows(row.table) and not isinstance(row.value, (bytes, bytearray)):
+                if caches and not isinstance(row.value, (bytes, bytearray)):
                     cached.append((row.table.name, partition, row.key, row.value, len(value)))
             batch = batches.get((row.table.name, partition))
             if batch is None:

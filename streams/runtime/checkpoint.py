@@ -217,7 +217,7 @@ class Sink(Protocol):
 
     def read_row(self, table: TableT, key: str) -> Any:
         """The row an update staged for `key` is applied to, in step 3 (the current event's
-        partition): a private object, which the update may change (`_current`)."""
+        partition): a private object, which the update may change (`current_row`)."""
 
 
 class Checkpoint:

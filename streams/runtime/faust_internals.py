@@ -289,10 +289,10 @@ def read_row(table: TableT, key: Any) -> Any:
     of the current event, for a table neither global nor using the partitioner): one get, one
     decode. Any other store, or no current event: `table.get(key)`."""
     store = rocksdb_store(table)
-    event = _faust_streams.current_event() if store is not None else None
-    if store is None or event is None or table.is_global or table.use_partitioner:
+    partition = current_partition() if store is not None else None
+    if store is None or partition is None or table.is_global or table.use_partitioner:
         return table.get(key)
-    raw = store._db_for_partition(event.message.partition).get(store._encode_key(key))
+    raw = store._db_for_partition(partition).get(store._encode_key(key))
     return None if raw is None else store._decode_value(raw)
 
 
