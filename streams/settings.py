@@ -20,6 +20,7 @@ PREFIX = "MEMSTREAM_"
 
 
 OUTPUT_PRODUCERS = ("librdkafka", "faust")  #: values of MEMSTREAM_OUTPUT_PRODUCER
+STANDBY_APPLIERS = ("librdkafka", "faust")  #: values of MEMSTREAM_STANDBY_APPLY
 
 
 class SettingsError(ValueError):
@@ -48,6 +49,8 @@ class Settings:
     web_host: str = field(default="127.0.0.1", metadata={"doc": "Interface the worker's HTTP server binds and advertises."})
     data_dir: str = field(default="var/worker", metadata={"doc": "Faust data dir (RocksDB tables); one per worker on a host."})
     standby_replicas: int = field(default=1, metadata={"doc": "Table standby replicas kept by other workers for fast failover."})
+    standby_apply: str = field(default="librdkafka", metadata={"doc": "Who applies a worker's standby replicas of its RocksDB tables: `librdkafka` (one confluent-kafka consumer in its own thread writes their changelog records into the partition stores in write batches, with Faust's persisted offset, so a takeover recovers from there as before; streams/runtime/standby.py) or `faust` (Faust's record-by-record path: measured at 0.08 ms of CPU per input record on a two-worker fleet, bench/RESULTS.md). The `memory://` store always uses Faust's."})
+    standby_batch_max: int = field(default=5000, metadata={"doc": "Most changelog records the standby applier (MEMSTREAM_STANDBY_APPLY=librdkafka) takes from its consumer and writes at once (one RocksDB write batch per partition)."})
     log_level: str = field(default="info", metadata={"doc": "Worker log level."})
     session_timeout_s: float = field(default=10.0, metadata={"doc": "Consumer-group session timeout: a worker that stops heartbeating (killed, hung) loses its partitions after this long (failover time)."})
     producer_linger_ms: int = field(default=5, metadata={"doc": "How long the worker's producer waits to fill a request (larger requests, fewer syscalls; a batch waits for its outputs, so this adds to latency once per batch)."})
@@ -152,8 +155,12 @@ class Settings:
         if self.output_producer not in OUTPUT_PRODUCERS:
             raise SettingsError(f"MEMSTREAM_OUTPUT_PRODUCER={self.output_producer!r} is not one of "
                                 f"{', '.join(OUTPUT_PRODUCERS)}")
+        if self.standby_apply not in STANDBY_APPLIERS:
+            raise SettingsError(f"MEMSTREAM_STANDBY_APPLY={self.standby_apply!r} is not one of "
+                                f"{', '.join(STANDBY_APPLIERS)}")
         for name in ("loaded_nodes_max", "housekeeping_max_rows_per_tick",  # bounds: 0 would bound nothing
-                     "restore_ahead_batch_bytes", "fetch_min_bytes", "fetch_max_wait_ms", "fetch_quiet_ms"):  # (the broker refuses < 0)
+                     "restore_ahead_batch_bytes", "fetch_min_bytes", "fetch_max_wait_ms", "fetch_quiet_ms",
+                     "standby_batch_max"):  # (the broker refuses < 0)
             if getattr(self, name) < 1:
                 raise SettingsError(f"MEMSTREAM_{name.upper()}={getattr(self, name)} must be at least 1")
         for name in ("prefill_nodes", "row_cache_bytes"):  # 0: none

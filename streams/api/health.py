@@ -163,7 +163,7 @@ def health(rt: Runtime) -> Health:
     completed = recovery.completed.is_set()
     in_recovery = bool(recovery.in_recovery)
     active_remaining = int(recovery.active_remaining_total())
-    standby_remaining = int(recovery.standby_remaining_total())
+    standby_remaining = rt.standby_remaining()
     rebalancing = bool(getattr(app, "rebalancing", False))
     actives, standbys = app.assignor.assigned_actives(), app.assignor.assigned_standbys()
     sources = _sources(app, actives)

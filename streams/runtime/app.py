@@ -43,6 +43,7 @@ from streams.runtime.metrics import Metrics
 from streams.runtime.outputs import OutputProducer, OutputsFailed
 from streams.runtime.rebalance import RebalanceSafeConsumer
 from streams.runtime.row_cache import MISSING, DecodedRows
+from streams.runtime.standby import OFFSET_BEGINNING, Replica, StandbyApplier
 from streams.settings import Settings
 
 if TYPE_CHECKING:
@@ -156,6 +157,12 @@ class Runtime:
         self.row_cache = DecodedRows(settings.row_cache_bytes)
         for signal in (self.app.on_partitions_assigned, self.app.on_partitions_revoked, self.app.on_rebalance_complete):
             signal.connect(self._forget_rows)
+        #: this worker's standby replicas of its RocksDB tables, applied outside Faust's per-record
+        #: path (MEMSTREAM_STANDBY_APPLY=librdkafka, streams/runtime/standby.py)
+        self.standby = StandbyApplier({"bootstrap.servers": settings.broker, "client.id": f"{settings.app_id}-standby",
+                                       "group.id": f"{settings.app_id}-standby"},  # never joined: assigned, no commits
+                                      settings.standby_batch_max, count=self.count)
+        self.app.on_rebalance_complete.connect(self._start_standby)
         #: the checkpoint whose rows are being written (`write_rows`: a synchronous block)
         self._writing: checkpoint.Checkpoint | None = None
         #: (name, partitions, retention ms) of the internal topics: the worker creates them first
@@ -264,6 +271,42 @@ class Runtime:
     async def _forget_rows(self, *args: Any, **kwargs: Any) -> None:
         """Partitions move: their rows may change behind the cache (recovery, standby replicas)."""
         self.row_cache.clear()
+
+    def standby_claims(self, tps: Any) -> set[TP]:
+        """The partitions of `tps` whose standby copy `standby` applies: standby (not active)
+        changelog partitions of the RocksDB tables, with MEMSTREAM_STANDBY_APPLY=librdkafka. Faust
+        must never fetch them (`RebalanceSafeConsumer.resume_partitions` leaves them paused)."""
+        if self.settings.standby_apply != "librdkafka":
+            return set()
+        standbys, actives = self.app.assignor.assigned_standbys(), self.app.assignor.assigned_actives()
+        return {tp for tp in tps
+                if tp in standbys and tp not in actives and self._replicated_store(tp.topic) is not None}
+
+    def _replicated_store(self, changelog_topic: str) -> Any | None:
+        table = self._changelogs.get(changelog_topic)
+        return None if table is None else self._direct_store(table)
+
+    async def _start_standby(self, *args: Any, **kwargs: Any) -> None:
+        """A rebalance is complete (Faust's recovery done): apply the claimed standby partitions
+        from the offset after the one each store holds."""
+        await self.standby.stop()
+        if self.draining or self.app.should_stop:
+            return
+        replicas = []
+        for tp in sorted(self.standby_claims(self.app.assignor.assigned_standbys())):
+            store = self._replicated_store(tp.topic)
+            assert store is not None  # claimed: a RocksDB table's changelog
+            persisted = store.persisted_offset(tp)
+            replicas.append(Replica(tp.topic, tp.partition, faust_internals.rocksdb_partition_db(store, tp.partition),
+                                    OFFSET_BEGINNING if persisted is None else persisted + 1))
+        self.standby.start(replicas)
+
+    def standby_remaining(self) -> int:
+        """Changelog records this worker's standby copies are behind (Faust's and `standby`'s)."""
+        claimed = {(r.topic, r.partition) for r in self.standby.replicas} if self.standby.running else set()
+        recovery = self.app.tables.recovery  # type: ignore[attr-defined]
+        fausts = sum(n for tp, n in recovery.standby_remaining().items() if (tp.topic, tp.partition) not in claimed)
+        return int(fausts) + self.standby.remaining()
 
     def _direct_store(self, table: faust.types.TableT) -> Any | None:
         """The table's RocksDB store when this runtime writes its rows itself (`write_rows`)."""
@@ -586,6 +629,7 @@ class Runtime:
         """Stop starting batches and wait for those in flight (called first when the worker stops)."""
         self.draining = True
         deadline = time.monotonic() + timeout
+        await self.standby.stop()  # before Faust closes the stores it writes into
         if self._inflight:
             log.info("stopping: waiting for %d batch(es) in flight", self._inflight)
         try:

@@ -253,13 +253,23 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
 
     async def on_partitions_assigned(self, assigned, generation_id: int = 0) -> None:
         self._moves += 1
+        await self._stop_standby()
         await super().on_partitions_assigned(assigned, generation_id)
 
     def resume_partitions(self, tps) -> None:
         tps = set(tps)
+        runtime = getattr(self.app, "memstream_runtime", None)
+        if runtime is not None:  # not a rebalance defect: standby copies applied outside Faust (standby.py)
+            tps -= runtime.standby_claims(tps)
         streams = {tp for tp in tps if not is_changelog_tp(self, tp)}
         self._deferred |= streams
         super().resume_partitions(tps - streams)
+
+    async def _stop_standby(self) -> None:
+        """Before Faust opens or closes a table's partition stores: the standby applier writes into them."""
+        runtime = getattr(self.app, "memstream_runtime", None)
+        if runtime is not None:
+            await runtime.standby.stop()
 
     def pause_partitions(self, tps) -> None:
         tps = set(tps)
@@ -275,6 +285,7 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
 
     async def on_partitions_revoked(self, revoked) -> None:
         self._moves += 1
+        await self._stop_standby()
         self._deferred.clear()
         for tp in revoked:
             self._expected.pop(tp, None)

@@ -78,6 +78,21 @@ class Batch:
     last: int = -1
 
 
+def write_run(db: Any, batch: Batch, new_batch: Callable[[], Any]) -> None:
+    """A run of one partition's changelog rows into its store `db` (raw key -> raw value; a
+    tombstone deletes) and the run's last offset as Faust's persisted offset, in one atomic write
+    batch: the store is then always "the changelog up to its persisted offset" (also the
+    standby replicas' write: streams/runtime/standby.py)."""
+    wb = new_batch()
+    for key, value in batch.puts:
+        if value is None:
+            wb.delete(key)
+        else:
+            wb.put(key, value)
+    wb.put(OFFSET_KEY, str(batch.last).encode())
+    db.write(wb)
+
+
 @dataclass
 class Report:
     """What a restore ahead did: rows written, partitions it had to read, how long, whether it
@@ -111,14 +126,7 @@ class PartitionStores:
 
     def write(self, topic: str, partition: int, batch: Batch, new_batch: Callable[[], Any]) -> None:
         """The batch's rows and its last offset as Faust's persisted offset, in one atomic write."""
-        wb = new_batch()
-        for key, value in batch.puts:
-            if value is None:
-                wb.delete(key)
-            else:
-                wb.put(key, value)
-        wb.put(OFFSET_KEY, str(batch.last).encode())
-        self.get(topic, partition).write(wb)
+        write_run(self.get(topic, partition), batch, new_batch)
 
     def close(self) -> None:
         for db in self._open.values():

@@ -34,7 +34,7 @@ def fake_runtime(*, started=True, stopping=False, in_recovery=False, completed=T
     app = NS(tables=NS(recovery=recovery, changelog_topics={"app-graph-state-changelog"}),
              rebalancing=rebalancing, should_stop=stopping, started=started, conf=NS(canonical_url="http://h:1"),
              assignor=NS(assigned_actives=lambda: actives, assigned_standbys=lambda: {TP("app-x-changelog", 1)}))
-    return NS(app=app, worker_name="h:1")
+    return NS(app=app, worker_name="h:1", standby_remaining=lambda: 0)
 
 
 @pytest.mark.parametrize("state, status, reason", [

@@ -1,0 +1,91 @@
+"""The standby applier's pure part (streams/runtime/standby.py `partition_writes`) and its settings;
+the thread itself runs against the real broker in test_standby_kafka.py."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streams.runtime.restore import Batch
+from streams.runtime.standby import partition_writes
+from streams.settings import Settings, SettingsError
+
+
+def test_records_are_grouped_by_partition_in_fetch_order_with_their_last_offset():
+    records = [
+        ("t", 0, 5, b"a", b"1"),
+        ("t", 1, 9, b"b", b"2"),
+        ("t", 0, 6, b"a", None),  # a tombstone: delete
+        ("u", 0, 2, b"c", b"3"),  # another changelog, same partition number: its own run
+        ("t", 0, 8, b"a", b"4"),
+    ]
+    out = partition_writes(records)
+    assert out == {
+        ("t", 0): Batch(puts=[(b"a", b"1"), (b"a", None), (b"a", b"4")], size=5, last=8),
+        ("t", 1): Batch(puts=[(b"b", b"2")], size=2, last=9),
+        ("u", 0): Batch(puts=[(b"c", b"3")], size=2, last=2),
+    }
+
+
+def test_a_record_without_a_key_is_left_out_but_moves_the_offset():
+    out = partition_writes([("t", 0, 3, b"k", b"v"), ("t", 0, 4, None, b"orphan")])
+    assert out[("t", 0)].puts == [(b"k", b"v")]
+    assert out[("t", 0)].last == 4
+
+
+def test_nothing_fetched_writes_nothing():
+    assert partition_writes([]) == {}
+
+
+_records = st.lists(st.tuples(st.sampled_from(["t", "u"]), st.integers(0, 2),
+                              st.sampled_from([b"a", b"b", b"c"]), st.one_of(st.none(), st.binary(max_size=4))),
+                    max_size=60)
+
+
+@given(_records)
+def test_applying_the_runs_ends_as_applying_every_record_in_order(raw):
+    """A store written run by run (puts, deletes) holds what the changelog says: each key's last
+    value, a deleted key absent; and the persisted offset is each partition's last."""
+    next_offset: dict[tuple[str, int], int] = {}
+    records = []
+    for topic, partition, key, value in raw:
+        offset = next_offset.get((topic, partition), 0)
+        next_offset[(topic, partition)] = offset + 1 + (offset % 3)  # compaction leaves gaps
+        records.append((topic, partition, offset, key, value))
+    expected: dict[tuple[str, int], dict[bytes, bytes]] = {}
+    last: dict[tuple[str, int], int] = {}
+    for topic, partition, offset, key, value in records:
+        rows = expected.setdefault((topic, partition), {})
+        if value is None:
+            rows.pop(key, None)
+        else:
+            rows[key] = value
+        last[(topic, partition)] = offset
+    stores: dict[tuple[str, int], dict[bytes, bytes]] = {}
+    for tp, batch in partition_writes(records).items():
+        rows = stores.setdefault(tp, {})
+        for key, value in batch.puts:
+            if value is None:
+                rows.pop(key, None)
+            else:
+                rows[key] = value
+        assert batch.last == last[tp]
+    assert stores == expected
+
+
+@pytest.mark.parametrize("value", ["kafka", "", "LIBRDKAFKA"])
+def test_an_unknown_standby_applier_is_a_settings_error_naming_the_variable(value):
+    with pytest.raises(SettingsError, match=f"MEMSTREAM_STANDBY_APPLY={value!r} is not one of librdkafka, faust"):
+        Settings.from_env({"MEMSTREAM_STANDBY_APPLY": value})
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_standby_batch_below_one_is_a_settings_error(value):
+    with pytest.raises(SettingsError, match=f"MEMSTREAM_STANDBY_BATCH_MAX={value} must be at least 1"):
+        Settings.from_env({"MEMSTREAM_STANDBY_BATCH_MAX": value})
+
+
+def test_the_defaults_apply_standbys_with_librdkafka():
+    settings = Settings.from_env({})
+    assert (settings.standby_apply, settings.standby_batch_max) == ("librdkafka", 5000)
