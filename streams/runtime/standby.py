@@ -84,7 +84,7 @@ class StandbyApplier:
         self.config = dict(config)
         self.batch_max = batch_max
         self._count = count or (lambda _name, _n=1: None)
-        self._runner: threading.Thread | None = None
+        self._applying: threading.Thread | None = None
         self._stopping = threading.Event()
         self._next: dict[tuple[str, int], int] = {}  #: the next offset to apply, per replica
         self._behind = 0
@@ -94,7 +94,7 @@ class StandbyApplier:
 
     @property
     def running(self) -> bool:
-        return self._runner is not None and self._runner.is_alive()
+        return self._applying is not None and self._applying.is_alive()
 
     def start(self, replicas: list[Replica]) -> None:
         """Apply `replicas` from their start offsets (the previous thread must be stopped)."""
@@ -104,27 +104,27 @@ class StandbyApplier:
         if not replicas:
             return
         self._stopping.clear()
-        self._runner = threading.Thread(target=self._run, args=(self.replicas,), name="memstream-standby",
+        self._applying = threading.Thread(target=self._run, args=(self.replicas,), name="memstream-standby",
                                         daemon=True)
-        self._runner.start()
+        self._applying.start()
         log.info("standby replicas applied by librdkafka: %s",
                  ", ".join(f"{r.topic}[{r.partition}]@{r.start}" for r in replicas))
 
     async def stop(self) -> None:
         """Stop the thread and wait for it (its last batch is written or not at all)."""
-        thread = self._runner
+        thread = self._applying
         if thread is None:
             return
         self._stopping.set()
         await asyncio.get_running_loop().run_in_executor(None, thread.join)
-        self._runner = None
+        self._applying = None
 
     def stop_now(self) -> None:
         """`stop` outside the event loop (tests, the worker's last resort)."""
-        if self._runner is not None:
+        if self._applying is not None:
             self._stopping.set()
-            self._runner.join()
-            self._runner = None
+            self._applying.join()
+            self._applying = None
 
     def remaining(self) -> int:
         """Changelog records the replicas were behind when the thread last looked (the broker's
