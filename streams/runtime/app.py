@@ -296,9 +296,16 @@ class Runtime:
         for tp in sorted(self.standby_claims(self.app.assignor.assigned_standbys())):
             store = self._replicated_store(tp.topic)
             assert store is not None  # claimed: a RocksDB table's changelog
-            persisted = store.persisted_offset(tp)
-            replicas.append(Replica(tp.topic, tp.partition, faust_internals.rocksdb_partition_db(store, tp.partition),
-                                    OFFSET_BEGINNING if persisted is None else persisted + 1))
+            try:
+                db = faust_internals.rocksdb_partition_db(store, tp.partition)
+                persisted = store.persisted_offset(tp)
+            except Exception as exc:  # noqa: BLE001 - a store that will not open (a lock, the disk): no copy
+                self.count("standby:open_failed")
+                log.error("standby copy of %s[%d] not kept: its store did not open (%s: %s); a takeover "
+                          "reads its changelog from the last offset the store holds", tp.topic, tp.partition,
+                          type(exc).__name__, exc)
+                continue
+            replicas.append(Replica(tp.topic, tp.partition, db, OFFSET_BEGINNING if persisted is None else persisted + 1))
         self.standby.start(replicas)
 
     def standby_remaining(self) -> int:

@@ -68,7 +68,8 @@ FAMILY_LABELS: dict[str, tuple[tuple[str, ...], str]] = {
     "erase": (("label",), "Erasure work done: memory nodes deleted (`nodes`) and receipts sent (`receipts`)."),
     "analytics_refused": (("label",), "Analytics records refused, by reason."),
     "standby": (("event",), "The standby applier (MEMSTREAM_STANDBY_APPLY=librdkafka): changelog records written into "
-                            "standby copies (`applied`); its thread stopped by an error (`apply_failed`)."),
+                            "standby copies (`applied`); its thread stopped by an error (`apply_failed`); a standby "
+                            "partition whose store did not open, so no copy is kept (`open_failed`)."),
     "acks_not_counted": (("reason",), "Input records Faust acknowledged that do not count towards a commit (`unapplied`: "
                                       "their batch was not applied; read again after the rebalance's seek)."),
 }

@@ -89,3 +89,76 @@ def test_a_standby_batch_below_one_is_a_settings_error(value):
 def test_the_defaults_apply_standbys_with_librdkafka():
     settings = Settings.from_env({})
     assert (settings.standby_apply, settings.standby_batch_max) == ("librdkafka", 5000)
+
+
+# ------------------------------------------------------------------ which partitions, from which offset
+@pytest.fixture
+def runtime(tmp_path):
+    from streams.runtime.app import create_runtime
+
+    def make(**env):
+        return create_runtime(Settings.from_env({
+            "MEMSTREAM_REGISTRY_URL": "", "MEMSTREAM_STORE": "rocksdb://", "MEMSTREAM_DATA_DIR": str(tmp_path),
+            "MEMSTREAM_APP_ID": "standby-claims", **env}))
+    return make
+
+
+def _assigned(rt, monkeypatch, *, actives, standbys) -> None:
+    monkeypatch.setattr(rt.app.assignor, "assigned_actives", lambda: set(actives))
+    monkeypatch.setattr(rt.app.assignor, "assigned_standbys", lambda: set(standbys))
+
+
+def _changelog(rt, table: str = "memory-state") -> str:
+    return rt.tables[table].changelog_topic.get_topic_name()
+
+
+def test_it_claims_the_standby_changelog_partitions_of_the_rocksdb_tables_only(runtime, monkeypatch):
+    from faust.types import TP
+
+    rt = runtime()
+    state, analytics = _changelog(rt), _changelog(rt, "analytics")
+    standbys = {TP(state, 1), TP(analytics, 4), TP(state, 2), TP("memory.candidates.v1", 1)}
+    _assigned(rt, monkeypatch, actives={TP(state, 2), TP(state, 0)}, standbys=standbys)
+    # a partition both active and standby stays Faust's; a source topic is no changelog; an
+    # active partition, or one not assigned, is not a standby
+    assert rt.standby_claims(standbys | {TP(state, 0), TP(state, 5)}) == {TP(state, 1), TP(analytics, 4)}
+
+
+@pytest.mark.parametrize("env", [{"MEMSTREAM_STANDBY_APPLY": "faust"}, {"MEMSTREAM_STORE": "memory://"}])
+def test_faust_applies_the_standbys_with_the_faust_applier_or_another_store(runtime, monkeypatch, env):
+    from faust.types import TP
+
+    rt = runtime(**env)
+    standbys = {TP(_changelog(rt), 1)}
+    _assigned(rt, monkeypatch, actives=set(), standbys=standbys)
+    assert rt.standby_claims(standbys) == set()
+
+
+def test_replicas_start_after_the_persisted_offset_and_a_store_that_will_not_open_is_left_out(runtime, monkeypatch):
+    import asyncio
+
+    from faust.types import TP
+
+    from streams.runtime import faust_internals
+    from streams.runtime.restore import OFFSET_KEY
+    from streams.runtime.standby import OFFSET_BEGINNING
+
+    rt = runtime()
+    state = _changelog(rt)
+    store = faust_internals.rocksdb_store(rt.tables["memory-state"])
+    faust_internals.rocksdb_partition_db(store, 2).put(OFFSET_KEY, b"41")  # rows up to offset 41 applied
+    _assigned(rt, monkeypatch, actives={TP(state, 0)}, standbys={TP(state, 1), TP(state, 2), TP(state, 3)})
+    opened = faust_internals.rocksdb_partition_db
+
+    def opening(st, partition):
+        if partition == 3:
+            raise OSError("IO error: lock hold by current process")
+        return opened(st, partition)
+
+    started, counted = [], []
+    monkeypatch.setattr(faust_internals, "rocksdb_partition_db", opening)
+    monkeypatch.setattr(rt.standby, "start", lambda replicas: started.extend(replicas))
+    monkeypatch.setattr(rt, "count", lambda name, n=1: counted.append(name))
+    asyncio.run(rt._start_standby())
+    assert [(r.topic, r.partition, r.start) for r in started] == [(state, 1, OFFSET_BEGINNING), (state, 2, 42)]
+    assert counted == ["standby:open_failed"]

@@ -50,6 +50,21 @@ def _wait_applied(dbs, rows, applier: StandbyApplier, timeout: float = 60.0) -> 
         time.sleep(0.1)
 
 
+def _apply_all(settings, topic, rows, dbs, starts=None, batch_max: int = 5000) -> StandbyApplier:
+    """Start an applier on every partition (from `starts`, else the beginning), wait until each
+    store holds its partition's last offset, stop it; returns it (stopped)."""
+    applier = _applier(settings, batch_max=batch_max)
+    applier.start([Replica(topic, p, dbs[p], OFFSET_BEGINNING if starts is None else starts[p])
+                   for p in range(PARTITIONS)])
+    try:
+        _wait_applied(dbs, rows, applier)
+        assert applier.running
+    finally:
+        applier.stop_now()
+    assert not applier.running
+    return applier
+
+
 @pytest.fixture
 def changelog(stack, unique, tmp_path):
     """(topic, its records per partition, an open RocksDB store per partition)."""
@@ -65,14 +80,7 @@ def changelog(stack, unique, tmp_path):
 
 def test_a_standby_copy_ends_as_the_changelog_with_fausts_persisted_offset(stack, changelog):
     topic, rows, dbs = changelog
-    applier = _applier(stack)
-    applier.start([Replica(topic, p, dbs[p], OFFSET_BEGINNING) for p in range(PARTITIONS)])
-    try:
-        _wait_applied(dbs, rows, applier)
-        assert applier.running
-    finally:
-        applier.stop_now()
-    assert not applier.running
+    applier = _apply_all(stack, topic, rows, dbs)
     for p in range(PARTITIONS):
         assert _contents(dbs[p]) == _expected(rows[p]), f"partition {p}"
     assert applier.applied == sum(len(r) for r in rows.values())
@@ -88,12 +96,7 @@ def test_started_again_it_applies_only_what_follows_the_persisted_offset(stack, 
         # a marker row the first half of the changelog would overwrite if it were read again
         dbs[p][b"marker"] = b"kept"
         dbs[p][OFFSET_KEY] = str(cut[p]).encode()
-    applier = _applier(stack)
-    applier.start([Replica(topic, p, dbs[p], cut[p] + 1) for p in range(PARTITIONS)])
-    try:
-        _wait_applied(dbs, rows, applier)
-    finally:
-        applier.stop_now()
+    applier = _apply_all(stack, topic, rows, dbs, starts={p: cut[p] + 1 for p in range(PARTITIONS)})
     for p in range(PARTITIONS):
         assert _contents(dbs[p]) == {**_expected(rows[p]), b"marker": b"kept"}, f"partition {p}"
     assert applier.applied == sum(len(r) - (len(r) // 2 + 1) for r in rows.values())
@@ -109,12 +112,7 @@ def test_standby_batch_max_bounds_every_take(stack, changelog, monkeypatch):
         write_run(db, batch, new_batch)
 
     monkeypatch.setattr(standby, "write_run", recording)
-    applier = _applier(stack, batch_max=7)
-    applier.start([Replica(topic, p, dbs[p], OFFSET_BEGINNING) for p in range(PARTITIONS)])
-    try:
-        _wait_applied(dbs, rows, applier)
-    finally:
-        applier.stop_now()
+    _apply_all(stack, topic, rows, dbs, batch_max=7)
     assert runs and max(runs) <= 7
     assert sum(runs) == sum(len(r) for r in rows.values())
     for p in range(PARTITIONS):
@@ -123,12 +121,7 @@ def test_standby_batch_max_bounds_every_take(stack, changelog, monkeypatch):
 
 def test_a_stopped_applier_writes_nothing_more(stack, changelog):
     topic, rows, dbs = changelog
-    applier = _applier(stack)
-    applier.start([Replica(topic, p, dbs[p], OFFSET_BEGINNING) for p in range(PARTITIONS)])
-    try:
-        _wait_applied(dbs, rows, applier)
-    finally:
-        applier.stop_now()
+    _apply_all(stack, topic, rows, dbs)
     before = {p: (_contents(dbs[p]), _persisted(dbs[p])) for p in range(PARTITIONS)}
     p = producer(stack)
     for i in range(30):
