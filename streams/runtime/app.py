@@ -310,7 +310,7 @@ class Runtime:
 
     def standby_remaining(self) -> int:
         """Changelog records this worker's standby copies are behind (Faust's and `standby`'s)."""
-        claimed = {(r.topic, r.partition) for r in self.standby.replicas} if self.standby.running else set()
+        claimed = {(r.topic, r.partition) for r in self.standby.replicas}  # Faust never fetches these
         recovery = self.app.tables.recovery  # type: ignore[attr-defined]
         fausts = sum(n for tp, n in recovery.standby_remaining().items() if (tp.topic, tp.partition) not in claimed)
         return int(fausts) + self.standby.remaining()

@@ -47,6 +47,7 @@ log = logging.getLogger("memstream.standby")
 
 POLL_S = 0.1  #: the thread's longest wait for records (also how soon it sees a stop)
 OFFSET_BEGINNING = -2  #: librdkafka's logical offset: the partition's first record
+WARN_EVERY_S = 10.0  #: at most one warning line per this many seconds for non-fatal consumer errors
 LAG_EVERY_S = 1.0  #: how often the thread measures how far behind the replicas are (`remaining`)
 
 
@@ -88,7 +89,9 @@ class StandbyApplier:
         self._stopping = threading.Event()
         self._next: dict[tuple[str, int], int] = {}  #: the next offset to apply, per replica
         self._behind = 0
-        self.replicas: list[Replica] = []
+        self._warned_at = float("-inf")  #: when the last non-fatal consumer error was logged
+        self._unwarned = 0  #: non-fatal consumer errors not logged since then
+        self.replicas: list[Replica] = []  #: the claimed replicas, from `start` until `stop`
         self.applied = 0  #: records applied since the worker started
         self.failed: str | None = None  #: why the current thread stopped early
 
@@ -99,7 +102,7 @@ class StandbyApplier:
     def start(self, replicas: list[Replica]) -> None:
         """Apply `replicas` from their start offsets (the previous thread must be stopped)."""
         assert not self.running, "standby applier started twice"
-        self.replicas, self.failed = list(replicas), None
+        self.replicas, self.failed, self._behind = list(replicas), None, 0
         self._next = {(r.topic, r.partition): r.start for r in replicas}
         if not replicas:
             return
@@ -117,19 +120,21 @@ class StandbyApplier:
             return
         self._stopping.set()
         await asyncio.get_running_loop().run_in_executor(None, thread.join)
-        self._applying = None
+        self._applying, self.replicas, self._behind = None, [], 0
 
     def stop_now(self) -> None:
         """`stop` outside the event loop (tests, the worker's last resort)."""
         if self._applying is not None:
             self._stopping.set()
             self._applying.join()
-            self._applying = None
+            self._applying, self.replicas, self._behind = None, [], 0
 
     def remaining(self) -> int:
-        """Changelog records the replicas were behind when the thread last looked (the broker's
-        high watermarks of its last fetches; at most `LAG_EVERY_S` old)."""
-        return self._behind if self.running else 0
+        """Changelog records the claimed replicas were behind when the thread last looked (the
+        broker's high watermarks of its last fetches; at most `LAG_EVERY_S` old while it runs).
+        A thread that failed keeps reporting the lag it measured last, until the next rebalance
+        starts it again: its copies are not caught up, and `/health` must not say they are."""
+        return self._behind if self.replicas else 0
 
     def _measure_lag(self, consumer: Any) -> None:
         """(In the thread: a confluent-kafka consumer is not called from two threads at once.)"""
@@ -138,11 +143,12 @@ class StandbyApplier:
         behind = 0
         for (topic, partition), at in self._next.items():
             try:
-                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
             except Exception:  # noqa: BLE001,S112 - a gauge: unknown counts as nothing behind
                 continue
-            if high >= 0 and at >= 0:
-                behind += max(0, high - at)
+            start = at if at >= 0 else low  # a replica not yet begun is behind by the whole partition
+            if high >= 0 and start >= 0:
+                behind += max(0, high - start)
         self._behind = behind
 
     # ------------------------------------------------------------------------- the thread
@@ -169,9 +175,9 @@ class StandbyApplier:
                     self._measure_lag(consumer)
                     lag_at = time.monotonic() + LAG_EVERY_S
         except KafkaException as exc:
-            self._fail(f"consumer error: {exc}")
+            self._fail(f"consumer error: {exc}", consumer)
         except Exception as exc:  # noqa: BLE001 - a RocksDB write: the copy stays where it was
-            self._fail(f"{type(exc).__name__}: {exc}")
+            self._fail(f"{type(exc).__name__}: {exc}", consumer)
         finally:
             try:
                 consumer.close()
@@ -192,7 +198,7 @@ class StandbyApplier:
                     from confluent_kafka import KafkaException
 
                     raise KafkaException(err)
-                log.warning("standby replica: %s (retried by librdkafka)", err)
+                self._warn(err)
                 continue
             records.append((m.topic(), m.partition(), m.offset(), m.key(), m.value()))
         for tp, batch in partition_writes(records).items():
@@ -201,7 +207,24 @@ class StandbyApplier:
             self.applied += len(batch.puts)
             self._count("standby:applied", len(batch.puts))
 
-    def _fail(self, reason: str) -> None:
+    def _warn(self, err: Any) -> None:
+        """A non-fatal consumer error (librdkafka retries it): one line per `WARN_EVERY_S` at
+        warning, as a broker that is away reports it with every poll; every one at debug."""
+        now = time.monotonic()
+        if now - self._warned_at >= WARN_EVERY_S:
+            more = f" (and {self._unwarned} more since the last such line)" if self._unwarned else ""
+            log.warning("standby replica: %s (retried by librdkafka)%s", err, more)
+            self._warned_at, self._unwarned = now, 0
+        else:
+            self._unwarned += 1
+            log.debug("standby replica: %s (retried by librdkafka)", err)
+
+    def _fail(self, reason: str, consumer: Any = None) -> None:
+        if consumer is not None:
+            try:  # the lag it stops at, for /health (the copies only fall further behind)
+                self._measure_lag(consumer)
+            except Exception:  # noqa: BLE001,S110 - a gauge
+                pass
         self.failed = reason
         self._count("standby:apply_failed")
         log.error("standby replicas stopped (%s): they stay at the offsets applied so far, and a takeover "

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from streams.runtime import standby
 from streams.runtime.restore import Batch
-from streams.runtime.standby import partition_writes
+from streams.runtime.standby import StandbyApplier, partition_writes
 from streams.settings import Settings, SettingsError
 
 
@@ -89,6 +90,29 @@ def test_a_standby_batch_below_one_is_a_settings_error(value):
 def test_the_defaults_apply_standbys_with_librdkafka():
     settings = Settings.from_env({})
     assert (settings.standby_apply, settings.standby_batch_max) == ("librdkafka", 5000)
+
+
+def test_non_fatal_consumer_errors_are_logged_once_per_interval_with_how_many_were_not(monkeypatch, caplog):
+    clock = [1000.0]
+    monkeypatch.setattr(standby.time, "monotonic", lambda: clock[0])
+    applier = StandbyApplier({}, 10)
+    caplog.set_level("DEBUG", logger="memstream.standby")
+    for _ in range(5):
+        applier._warn("Broker: Not leader for partition")
+        clock[0] += 1.0
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == ["standby replica: Broker: Not leader for partition (retried by librdkafka)"]
+    assert sum(r.levelname == "DEBUG" for r in caplog.records) == 4
+    clock[0] += standby.WARN_EVERY_S
+    applier._warn("Broker: Not leader for partition")
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned[-1].endswith("(retried by librdkafka) (and 4 more since the last such line)")
+
+
+def test_an_applier_that_claims_nothing_reports_no_lag():
+    applier = StandbyApplier({}, 10)
+    applier.start([])
+    assert not applier.running and applier.remaining() == 0
 
 
 # ------------------------------------------------------------------ which partitions, from which offset
