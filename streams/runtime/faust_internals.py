@@ -55,6 +55,7 @@ PRIVATE_API: tuple[tuple[str, str], ...] = (
     ("faust.transport.consumer:Consumer", "_buffered_partitions"),
     ("faust.transport.consumer:Consumer", "_is_changelog_tp"),
     ("faust.transport.consumer:ThreadDelegateConsumer", "_thread"),
+    ("faust.transport.consumer:ThreadDelegateConsumer", "_method_queue"),
     ("faust.tables.base:Collection", "_new_changelog_topic"),
     ("faust.tables.base:Collection", "_verify_source_topic_partitions"),
     ("faust.stores.rocksdb:Store", "_dbs"),
@@ -216,6 +217,13 @@ def is_changelog_tp(consumer: Any, tp: TP) -> bool:
     """Whether `tp` is a table changelog partition (faust-streaming 0.15.3 `Consumer._is_changelog_tp`):
     rebalance.py defers resuming stream partitions only, never changelogs."""
     return bool(consumer._is_changelog_tp(tp))
+
+
+def rebalance_queue_stopped(consumer: Any) -> bool:
+    """Whether the consumer's method queue, through which its fetch thread hands rebalance
+    callbacks to the event loop (`Consumer.threadsafe_partitions_assigned` / `_revoked`), has
+    stopped: a callback queued now is never run, and its promise never fulfilled."""
+    return bool(consumer._method_queue.should_stop)
 
 
 def consumer_thread(consumer: Any) -> Any:

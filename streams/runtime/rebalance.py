@@ -38,12 +38,16 @@ from streams.runtime.faust_internals import (
     is_changelog_tp,
     read_committed,
     read_offset,
+    rebalance_queue_stopped,
     set_read_offset,
 )
 from streams.runtime.fetch_pace import FetchPace
 from streams.runtime.inline import Resumed, first_step
 
 log = logging.getLogger(__name__)
+
+#: how often a rebalance callback waiting for the event loop checks that the consumer still runs (defect 8)
+CALLBACK_CHECK_S = 0.5
 
 
 class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -68,7 +72,7 @@ class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 
 
 class RebalanceSafeConsumer(faust_aiokafka.Consumer):
-    """Faust's Kafka consumer with seven rebalance defects of faust-streaming 0.15.3 closed.
+    """Faust's Kafka consumer with eight rebalance defects of faust-streaming 0.15.3 closed.
 
     A worker joining the group could leave input partitions unprocessed and uncommitted for
     good (or skip records of them), logging nothing:
@@ -140,6 +144,16 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
        was sought (else it is dropped and the partition sought there again, once: the fetch
        after that is delivered wherever it starts — past it, transaction markers, aborted or
        deleted records; before it, an offset the broker reset — unless it overlapped a move).
+    8. A rebalance that reaches a worker while it stops hangs the stop. The fetch thread hands
+       aiokafka's rebalance callbacks to the event loop through the consumer's method queue and
+       waits for them; that queue stops with the consumer, so a callback queued after it (a peer
+       left, the group rebalanced, this worker re-joined during its own stop) waits forever, and
+       with it aiokafka's coordinator, the fetch thread's stop and the worker's: it ended at its
+       MEMSTREAM_SHUTDOWN_TIMEOUT_S (exit 75; CI, `test_erase_kafka`'s two-worker test, the log
+       ending at "(Re-)joining group"). Here a callback that arrives once the consumer is
+       stopping is not queued, and one queued is given up when the queue stops before running
+       it (`threadsafe_partitions_assigned` / `_revoked`): a stopping worker takes no partitions
+       and commits nothing more; what it did not commit is read again by the group.
     """
 
     _deferred: set
@@ -250,6 +264,31 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
         self._moves += 1
         for tp, offset in partitions.items():
             self._sought_to(tp, max(offset, 0))
+
+    async def threadsafe_partitions_assigned(self, receiver_loop, assigned, generation_id: int = 0) -> None:
+        await self._while_running("assignment", super().threadsafe_partitions_assigned(receiver_loop, assigned,
+                                                                                        generation_id))
+
+    async def threadsafe_partitions_revoked(self, receiver_loop, revoked) -> None:
+        await self._while_running("revocation", super().threadsafe_partitions_revoked(receiver_loop, revoked))
+
+    async def _while_running(self, what: str, callback: Any) -> None:
+        """Await a rebalance callback handed to the event loop (in the fetch thread), unless
+        this consumer stops before the loop runs it (defect 8)."""
+        if self.should_stop:
+            callback.close()
+            log.info("rebalance %s ignored: the worker is stopping", what)
+            return
+        waiting = asyncio.ensure_future(callback)
+        while True:
+            done, _ = await asyncio.wait({waiting}, timeout=CALLBACK_CHECK_S)
+            if done:
+                waiting.result()
+                return
+            if rebalance_queue_stopped(self):
+                waiting.cancel()
+                log.info("rebalance %s given up: the worker stopped before it ran", what)
+                return
 
     async def on_partitions_assigned(self, assigned, generation_id: int = 0) -> None:
         self._moves += 1

@@ -10,11 +10,14 @@ Faust's read offset is moved back so that no fetched record is dropped as alread
 
 from __future__ import annotations
 
+import asyncio
+
 from faust.types import TP
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.runtime.rebalance import FetchCheck, dropped_as_read, refetch_from
+from streams.runtime import rebalance
+from streams.runtime.rebalance import FetchCheck, RebalanceSafeConsumer, dropped_as_read, refetch_from
 
 P0, P1, P2 = (TP("memory.candidates.v1", p) for p in range(3))
 
@@ -116,3 +119,70 @@ def test_dropped_exactly_when_the_first_record_lies_below_the_read_offset(first,
     for tp, offset in firsts.items():
         r = reads.get(tp)
         assert (tp in behind) == (r is not None and offset < r)
+
+
+# ---------------------------------------------- defect 8: rebalance callbacks during the worker's stop
+def _consumer(tmp_path):
+    from streams.runtime.app import create_runtime
+    from streams.settings import Settings
+
+    rt = create_runtime(Settings.from_env({
+        "MEMSTREAM_REGISTRY_URL": "", "MEMSTREAM_STORE": "rocksdb://", "MEMSTREAM_DATA_DIR": str(tmp_path),
+        "MEMSTREAM_APP_ID": "rebalance-stop"}))
+    consumer = rt.app.consumer
+    assert isinstance(consumer, RebalanceSafeConsumer)
+    return consumer
+
+
+def _run_callbacks(tmp_path, monkeypatch, prepare) -> list:
+    """Hand an assignment and a revocation to the consumer the way its fetch thread does, after
+    `prepare(consumer)`; returns the callbacks that ran on the loop."""
+    ran: list = []
+
+    async def scenario() -> None:
+        consumer = _consumer(tmp_path)
+
+        async def assigned(tps, generation_id=0):
+            ran.append(("assigned", set(tps)))
+
+        async def revoked(tps):
+            ran.append(("revoked", set(tps)))
+
+        monkeypatch.setattr(consumer, "on_partitions_assigned", assigned)
+        monkeypatch.setattr(consumer, "on_partitions_revoked", revoked)
+        monkeypatch.setattr(rebalance, "CALLBACK_CHECK_S", 0.05)
+        await prepare(consumer)
+        loop = asyncio.get_running_loop()
+        await asyncio.wait_for(consumer.threadsafe_partitions_assigned(loop, {P0}, 3), 10)
+        await asyncio.wait_for(consumer.threadsafe_partitions_revoked(loop, {P1}), 10)
+
+    asyncio.run(scenario())
+    return ran
+
+
+def test_rebalance_callbacks_of_a_running_consumer_run_on_the_event_loop(tmp_path, monkeypatch):
+    async def running(consumer):
+        await consumer._method_queue.start()
+
+    ran = _run_callbacks(tmp_path, monkeypatch, running)
+    assert ran == [("assigned", {P0}), ("revoked", {P1})]
+
+
+def test_a_rebalance_reaching_a_stopping_consumer_is_ignored_instead_of_waiting_forever(tmp_path, monkeypatch):
+    async def stopping(consumer):
+        await consumer._method_queue.start()
+        consumer._stopped.set()  # Service.stop's first step: the consumer should stop
+        await consumer._method_queue.stop()
+
+    ran = _run_callbacks(tmp_path, monkeypatch, stopping)
+    assert ran == []
+
+
+def test_a_callback_queued_just_before_the_queue_stopped_is_given_up(tmp_path, monkeypatch):
+    # the race the first check cannot close: the consumer still runs, its queue has stopped
+    async def queue_stopped(consumer):
+        await consumer._method_queue.start()
+        await consumer._method_queue.stop()
+
+    ran = _run_callbacks(tmp_path, monkeypatch, queue_stopped)
+    assert ran == []  # and returned: without the check, wait_for above raises at 10 s

@@ -173,8 +173,9 @@ class Fleet:
     def stop(self, name: str) -> None:
         """A clean stop (SIGTERM): the worker commits and leaves the group. A worker whose stop
         hangs ends at its MEMSTREAM_SHUTDOWN_TIMEOUT_S (exit 75, nothing unapplied committed),
-        which this waits for: seen once in CI (2026-12-03), a worker stopped while the group
-        rebalanced after the other one left stayed in aiokafka's re-join (not investigated)."""
+        which this waits for and prints. Seen once in CI (2026-12-03): a worker stopped while the
+        group rebalanced after the other one left waited for a rebalance callback its stopped
+        consumer never ran (streams/runtime/rebalance.py defect 8, fixed since)."""
         proc = self.procs.pop(name)
         proc.terminate()
         proc.wait(float(self.env.get("MEMSTREAM_SHUTDOWN_TIMEOUT_S", SHUTDOWN_TIMEOUT_S)) + 30)
