@@ -30,11 +30,15 @@ What each figure means:
   runtime one); records / time from its first record until it has stopped (producer flushed,
   offsets committed), and its process CPU per record. Every pipeline figure is reported as a ratio
   to the raw copy and to this peer, measured in the same run, with the load average beside them.
+* **core alone**: the Quix peer's per-record work (decode, `process_candidate` /
+  `process_event`, a dict of `UserMemory`) on the same records in the bench's own thread, without
+  Kafka or any framework: the CPU per record every system running this core pays at least. (The
+  Quix peer's figure minus this one is what Quix Streams costs; the pipeline's minus this one
+  what memstream adds: relay, node rows, state and its changelogs, analytics, checks.)
 * **pipeline**: a fresh app id (consumer group, changelogs, data dir) per run, positioned at the
   end of the input topics; the workers are started, `/health` ready and their memory caches
-  rebuilt (one `GET /v1/memory/{user}/nodes` per partition: the lazy rebuild that follows every
-  rebalance, ~0.6 s for 400 users with full windows, stays out of the figures) before the first
-  record is produced. Time = first produce → the newest record timestamp (CreateTime, set by the
+  filled by the prefill that follows every rebalance (every seeded user read; it stays out of
+  the figures) before the first record is produced. Time = first produce → the newest record timestamp (CreateTime, set by the
   worker's producer when it sends) on the output topics (ledger, relay, nodes, quarantine, DLQ,
   negotiator replies, compactions; not the timer-driven analytics / graph state), read once the
   group has committed past the last input record. Rate = input records / time.
@@ -70,6 +74,7 @@ the end; worker logs (and the profile) stay in bench/out/<run id>/.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import random
@@ -98,7 +103,7 @@ from streams.agents.memory_store import STATE_TABLE, node_key
 from streams.agents.user_cache import chunk_rows
 from streams.contracts import catalog, topics
 from streams.contracts.wire import CodecFactory, encode_key
-from streams.core import UserMemory, event_id_for
+from streams.core import UserMemory, event_id_for, process_candidate, process_event
 from streams.core.nodes import make_node
 from streams.settings import Settings
 from streams.tools import devstack, generate, kafkatools
@@ -327,6 +332,33 @@ def quix_peer(settings: Settings, start: kafkatools.Offsets, end: kafkatools.Off
     return peer
 
 
+def core_alone(settings: Settings, load: list[Record]) -> Peer:
+    """memstream's core without any Kafka or framework: the Quix peer's per-record work
+    (bench/quix_peer.py `handle`: decode with memstream's codec, `process_candidate` /
+    `process_event` on one `UserMemory` per user in a dict) on the same records, in this
+    process's thread (its CPU time). The floor every peer running this core pays per record."""
+    factory = CodecFactory.from_url(settings.registry_url)
+    codecs = {t: factory.codec(catalog.topic(t).value_schema) for t in INPUTS}
+    users: dict[str, UserMemory] = {}
+    gc.collect()
+    started, cpu0 = time.monotonic(), time.thread_time()
+    for r in load:
+        try:
+            record = codecs[r.topic].decode(r.value)
+        except ValueError:
+            continue
+        if r.topic in (catalog.MEMORY_CANDIDATES, catalog.MEMORY_EVENTS):
+            key = r.key.decode()
+            um = users.get(key)
+            if um is None:
+                um = users[key] = UserMemory(key)
+            (process_candidate if r.topic == catalog.MEMORY_CANDIDATES else process_event)(um, record)
+    peer = Peer("memstream's core alone (decode + process_candidate, no Kafka)", len(load),
+                time.monotonic() - started, time.thread_time() - cpu0)
+    say(f"   core alone: {peer.rate:,.0f} records/s, CPU {peer.cpu_ms_per_record:.3f} ms/record")
+    return peer
+
+
 # ------------------------------------------------------------------------------ memory-state rows
 StateRow = tuple[str, str, bytes]  # (user, table key, JSON row) of the memory-state table
 
@@ -424,19 +456,36 @@ def start_workers(settings: Settings, app_id: str, count: int, store: str, run: 
     return workers
 
 
-def warm_up(settings: Settings, workers: list[Worker], state: list[StateRow]) -> None:
-    """Query one seeded user of every partition, so that each worker rebuilds its memory cache
-    (lazily done after every rebalance: ~0.6 s for 400 users with full windows) before the
-    measurement rather than in its first batch."""
-    by_partition: dict[int, str] = {}
-    for user, _key, _row in state:
-        by_partition.setdefault((murmur2(user.encode()) & 0x7FFFFFFF) % settings.partitions, user)
-    if not by_partition:
+def prefilled_users(port: int) -> float | None:
+    """The worker's `memstream_memory_users_total{event="prefilled"}` (None while it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("memstream_memory_users_total{") and 'event="prefilled"' in line)
+
+
+def warm_up(settings: Settings, workers: list[Worker], state: list[StateRow], timeout: float = 120) -> None:
+    """Until the workers' prefill (streams/agents/prefill.py: after every rebalance, the local
+    users' rows are read into the memory cache in the background) has read every seeded user and
+    stopped, so that it runs before the measurement rather than beside its first batches."""
+    users = len({user for user, _key, _row in state})
+    if not users:
         return
-    started = time.monotonic()
-    for user in by_partition.values():
-        query_nodes(workers[0].port, user)
-    say(f"   warm-up: memory caches rebuilt (one query per partition) in {time.monotonic() - started:.1f}s")
+    started, last, steady = time.monotonic(), -1.0, 0
+    while True:
+        counts = [prefilled_users(w.port) for w in workers]
+        done = sum(c or 0 for c in counts)
+        steady = steady + 1 if done == last else 0
+        last = done
+        if done >= users and steady >= 2:  # every user read (a pass abandoned by a rebalance reads some twice)
+            break
+        if time.monotonic() - started > timeout:
+            raise BenchError(f"the prefill read {done:.0f} of {users} seeded users in {timeout:.0f}s; read the worker logs")
+        time.sleep(0.25)
+    say(f"   warm-up: prefill read {done:.0f} user states for {users} seeded users in {time.monotonic() - started:.1f}s")
 
 
 def check_alive(workers: Iterable[Worker]) -> None:
@@ -757,7 +806,8 @@ def versions(settings: Settings) -> str:
 
 
 def report(settings: Settings, args: argparse.Namespace, records: int, generator: float, raw: float,
-           runs: list[Throughput], latencies: list[Latency], recoveries: list[Recovery], quix: Peer | None = None) -> None:
+           runs: list[Throughput], latencies: list[Latency], recoveries: list[Recovery], quix: Peer | None = None,
+           core: Peer | None = None) -> None:
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     say(f"\n## Summary ({time.strftime('%Y-%m-%d %H:%M %Z')}, load average {load})\n\n{machine()}\n{versions(settings)}\n"
         f"partitions {settings.partitions}, standby replicas {settings.standby_replicas}, batch max "
@@ -773,6 +823,10 @@ def report(settings: Settings, args: argparse.Namespace, records: int, generator
     if quix:
         say(f"| {quix.label} | 1 | dict | {quix.records:,} | {quix.seconds:.1f} s | {quix.rate:,.0f} | "
             f"{100 * quix.rate / raw:.1f}% | 1.00× | {quix.cpu_ms_per_record:.3f} ms | 1.00× | – |")
+    if core and records:
+        say(f"| {core.label} | 1 | dict | {core.records:,} | {core.seconds:.1f} s | {core.rate:,.0f} | "
+            f"{100 * core.rate / raw:.1f}% | {of_quix(core.rate)} | {core.cpu_ms_per_record:.3f} ms | "
+            f"{cpu_of_quix(core.cpu_ms_per_record)} | – |")
     for r in runs:
         rss = " / ".join(f"{m:,.0f} MiB" for m in r.rss_mib)
         say(f"| pipeline | {r.workers} | {r.store} | {r.records:,} | {r.seconds:.1f} s | **{r.rate:,.0f}** | "
@@ -865,6 +919,7 @@ def run_all(settings: Settings, args: argparse.Namespace, run: Path) -> None:
     raw = raw_copy(settings, start, end, scratch)
     say(f"   raw consumer→producer copy: {raw:,.0f} records/s")
     quix = None if args.no_quix else quix_peer(settings, start, end, run)
+    core = core_alone(settings, load)
     runs = [pipeline_run(settings, load, state, f"1w-{s.split(':')[0]}", 1, s, run) for s in stores]
     if not args.no_scaling:
         runs.append(pipeline_run(settings, load, state, "2w-rocksdb", 2, "rocksdb://", run))
@@ -876,7 +931,8 @@ def run_all(settings: Settings, args: argparse.Namespace, run: Path) -> None:
     if args.latency_seconds > 0 and runs:
         latencies = [latency_run(settings, load, state, runs[0], float(rate), args.latency_seconds, run)
                      for rate in args.latency_rate.split(",") if rate]
-    report(settings, args, len(load), generator, raw, runs, latencies, recovery_runs(settings, args, stores, run), quix)
+    report(settings, args, len(load), generator, raw, runs, latencies, recovery_runs(settings, args, stores, run), quix,
+           core)
 
 
 def recovery_runs(settings: Settings, args: argparse.Namespace, stores: list[str], run: Path) -> list[Recovery]:
