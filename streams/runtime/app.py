@@ -219,6 +219,8 @@ class Runtime:
         faust_internals.replace_send_changelog(table, send_changelog_tracked)
         if self.settings.store.startswith("rocksdb:") and not self.settings.state_wal:
             faust_internals.write_without_wal(table)
+        if self.settings.store.startswith("rocksdb:"):
+            faust_internals.collect_only_when_a_store_closes()
         # created by the worker before Faust subscribes, as the internal topics are: a changelog
         # missing from the consumer's metadata snapshot reads as 0 partitions, and Faust's check of
         # the first write to the table (`PartitionsMismatch`) then stops the worker

@@ -422,6 +422,31 @@ def write_without_wal(table: TableT) -> None:
     Store._open_for_partition = _open_for_partition  # type: ignore[method-assign]
 
 
+def collect_only_when_a_store_closes() -> None:
+    """Skip faust-streaming's full garbage collection at a revocation that closes no partition store.
+
+    faust-streaming 0.15.3 `Store.revoke_partitions` (RocksDB) drops the Rdicts of the revoked
+    partitions of its table and then calls `gc.collect()` (the collection closes an Rdict that a
+    reference cycle still holds, releasing its lock): once per table at every rebalance, whether
+    it dropped a store or not. A full collection walks the worker's whole heap, its loaded users
+    included, with the event loop blocked (bench/RESULTS.md stop 22: 20-60 ms a table at start,
+    more with more users loaded). This wraps that method (once, for the class) so that a call
+    that would drop no store does nothing; one that drops a store runs Faust's code unchanged."""
+    from faust.stores.rocksdb import Store
+
+    if getattr(Store.revoke_partitions, "memstream_collect_when_closing", False):
+        return
+    revoke = Store.revoke_partitions
+
+    def revoke_partitions(self: Any, table: Any, tps: Any) -> None:
+        topics = table.changelog_topic.topics
+        if any(tp.topic in topics and tp.partition in self._dbs for tp in tps):
+            revoke(self, table, tps)
+
+    revoke_partitions.memstream_collect_when_closing = True  # type: ignore[attr-defined]
+    Store.revoke_partitions = revoke_partitions  # type: ignore[method-assign]
+
+
 def no_wal_write_options() -> Any:
     """rocksdict write options with the write-ahead log off (sync off, as RocksDB's default)."""
     import rocksdict
