@@ -39,6 +39,7 @@ from streams.contracts.wire import (
 from streams.core.partitioning import misrouted, partition_for
 from streams.runtime import checkpoint, codecs, faust_internals
 from streams.runtime.handlers import PipelineHook, Rejected
+from streams.runtime.loglimit import Throttled
 from streams.runtime.metrics import Metrics
 from streams.runtime.outputs import OutputProducer, OutputsFailed
 from streams.runtime.rebalance import RebalanceSafeConsumer
@@ -147,8 +148,7 @@ class Runtime:
         #: subscribers to what the pipeline did (the analytics agent is one): `add_hook`
         self._hooks: list[PipelineHook] = []
         self._dlq_index: dict[tuple[str, int], tuple[int, int]] = {}
-        self._dlq_logged_at = float("-inf")  # when a dead letter was last logged at info
-        self._dlq_unlogged = 0  # dead letters since, logged at debug only
+        self._dlq_log = Throttled(log, logging.INFO, DLQ_LOG_INTERVAL_S)
         self.tables: dict[str, faust.types.TableT] = {}
         self._changelogs: dict[str, faust.types.TableT] = {}  # changelog topic -> its table
         self._changelog_topics: dict[str, str] = {}  # table name -> its changelog topic
@@ -517,17 +517,9 @@ class Runtime:
         for hook in self._hooks:
             hook.dead_lettered(cp, record, int(msg.timestamp * 1000), index, msg.partition)
         self.metrics.inc_label("dlq", f"{stage}/{error_class}")
-        # one line per DLQ_LOG_INTERVAL_S at info (a burst of bad records would otherwise cost
-        # more in logging than in processing); every one at debug; all of them are counted
+        # one line per DLQ_LOG_INTERVAL_S at info, every one at debug; all of them are counted
         # (`memstream_dlq_total`) and on the dead-letter topic with their reasons
-        now = time.monotonic()
-        if now - self._dlq_logged_at >= DLQ_LOG_INTERVAL_S:
-            more = f" (and {self._dlq_unlogged} more since the last such line)" if self._dlq_unlogged else ""
-            log.info("dead-lettered %s[%s]@%s at %s: %s%s", msg.topic, msg.partition, msg.offset, stage, reason, more)
-            self._dlq_logged_at, self._dlq_unlogged = now, 0
-        else:
-            self._dlq_unlogged += 1
-            log.debug("dead-lettered %s[%s]@%s at %s: %s", msg.topic, msg.partition, msg.offset, stage, reason)
+        self._dlq_log.log("dead-lettered %s[%s]@%s at %s: %s", msg.topic, msg.partition, msg.offset, stage, reason)
 
     async def guard(self, cp: checkpoint.Checkpoint, event: faust.types.EventT, handler: Handler) -> bool:
         """Decode the event's key and value, run `handler(cp, event, key, record)`; every failure

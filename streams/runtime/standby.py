@@ -41,6 +41,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .loglimit import Throttled
 from .restore import Batch, write_run
 
 log = logging.getLogger("memstream.standby")
@@ -89,8 +90,9 @@ class StandbyApplier:
         self._stopping = threading.Event()
         self._next: dict[tuple[str, int], int] = {}  #: the next offset to apply, per replica
         self._behind = 0
-        self._warned_at = float("-inf")  #: when the last non-fatal consumer error was logged
-        self._unwarned = 0  #: non-fatal consumer errors not logged since then
+        #: non-fatal consumer errors (librdkafka retries them; a broker that is away reports one
+        #: with every poll): at WARNING once per `WARN_EVERY_S`, every one at debug
+        self._warn = Throttled(log, logging.WARNING, WARN_EVERY_S)
         self.replicas: list[Replica] = []  #: the claimed replicas, from `start` until `stop`
         self.applied = 0  #: records applied since the worker started
         self.failed: str | None = None  #: why the current thread stopped early
@@ -198,7 +200,7 @@ class StandbyApplier:
                     from confluent_kafka import KafkaException
 
                     raise KafkaException(err)
-                self._warn(err)
+                self._warn.log("standby replica: %s (retried by librdkafka)", err)
                 continue
             records.append((m.topic(), m.partition(), m.offset(), m.key(), m.value()))
         for tp, batch in partition_writes(records).items():
@@ -207,24 +209,11 @@ class StandbyApplier:
             self.applied += len(batch.puts)
             self._count("standby:applied", len(batch.puts))
 
-    def _warn(self, err: Any) -> None:
-        """A non-fatal consumer error (librdkafka retries it): one line per `WARN_EVERY_S` at
-        warning, as a broker that is away reports it with every poll; every one at debug."""
-        now = time.monotonic()
-        if now - self._warned_at >= WARN_EVERY_S:
-            more = f" (and {self._unwarned} more since the last such line)" if self._unwarned else ""
-            log.warning("standby replica: %s (retried by librdkafka)%s", err, more)
-            self._warned_at, self._unwarned = now, 0
-        else:
-            self._unwarned += 1
-            log.debug("standby replica: %s (retried by librdkafka)", err)
-
-    def _fail(self, reason: str, consumer: Any = None) -> None:
-        if consumer is not None:
-            try:  # the lag it stops at, for /health (the copies only fall further behind)
-                self._measure_lag(consumer)
-            except Exception:  # noqa: BLE001,S110 - a gauge
-                pass
+    def _fail(self, reason: str, consumer: Any) -> None:
+        try:  # the lag it stops at, for /health (the copies only fall further behind)
+            self._measure_lag(consumer)
+        except Exception:  # noqa: BLE001,S110 - a gauge
+            pass
         self.failed = reason
         self._count("standby:apply_failed")
         log.error("standby replicas stopped (%s): they stay at the offsets applied so far, and a takeover "

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.runtime import standby
+from streams.runtime import loglimit, standby
 from streams.runtime.restore import Batch
 from streams.runtime.standby import StandbyApplier, partition_writes
 from streams.settings import Settings, SettingsError
@@ -94,17 +94,17 @@ def test_the_defaults_apply_standbys_with_librdkafka():
 
 def test_non_fatal_consumer_errors_are_logged_once_per_interval_with_how_many_were_not(monkeypatch, caplog):
     clock = [1000.0]
-    monkeypatch.setattr(standby.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(loglimit.time, "monotonic", lambda: clock[0])
     applier = StandbyApplier({}, 10)
     caplog.set_level("DEBUG", logger="memstream.standby")
     for _ in range(5):
-        applier._warn("Broker: Not leader for partition")
+        applier._warn.log("standby replica: %s (retried by librdkafka)", "Broker: Not leader for partition")
         clock[0] += 1.0
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warned == ["standby replica: Broker: Not leader for partition (retried by librdkafka)"]
     assert sum(r.levelname == "DEBUG" for r in caplog.records) == 4
     clock[0] += standby.WARN_EVERY_S
-    applier._warn("Broker: Not leader for partition")
+    applier._warn.log("standby replica: %s (retried by librdkafka)", "Broker: Not leader for partition")
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warned[-1].endswith("(retried by librdkafka) (and 4 more since the last such line)")
 
@@ -117,14 +117,8 @@ def test_an_applier_that_claims_nothing_reports_no_lag():
 
 # ------------------------------------------------------------------ which partitions, from which offset
 @pytest.fixture
-def runtime(tmp_path):
-    from streams.runtime.app import create_runtime
-
-    def make(**env):
-        return create_runtime(Settings.from_env({
-            "MEMSTREAM_REGISTRY_URL": "", "MEMSTREAM_STORE": "rocksdb://", "MEMSTREAM_DATA_DIR": str(tmp_path),
-            "MEMSTREAM_APP_ID": "standby-claims", **env}))
-    return make
+def runtime(offline_runtime):
+    return lambda **env: offline_runtime("standby-claims", **env)
 
 
 def _assigned(rt, monkeypatch, *, actives, standbys) -> None:
