@@ -98,12 +98,13 @@ from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from bench.bench_consolidation import memory_text, vocabulary
+from bench.core_step import run_core
 from streams.agents.memory import PROCESSOR as MEMORY_PROCESSOR
 from streams.agents.memory_store import STATE_TABLE, node_key
 from streams.agents.user_cache import chunk_rows
 from streams.contracts import catalog, topics
 from streams.contracts.wire import CodecFactory, encode_key
-from streams.core import UserMemory, event_id_for, process_candidate, process_event
+from streams.core import UserMemory, event_id_for
 from streams.core.nodes import make_node
 from streams.settings import Settings
 from streams.tools import devstack, generate, kafkatools
@@ -334,9 +335,8 @@ def quix_peer(settings: Settings, start: kafkatools.Offsets, end: kafkatools.Off
 
 def core_alone(settings: Settings, load: list[Record]) -> Peer:
     """memstream's core without any Kafka or framework: the Quix peer's per-record work
-    (bench/quix_peer.py `handle`: decode with memstream's codec, `process_candidate` /
-    `process_event` on one `UserMemory` per user in a dict) on the same records, in this
-    process's thread (its CPU time). The floor every peer running this core pays per record."""
+    (bench/core_step.py `run_core`) on the same records, in this process's thread (its CPU
+    time). The floor every peer running this core pays per record."""
     factory = CodecFactory.from_url(settings.registry_url)
     codecs = {t: factory.codec(catalog.topic(t).value_schema) for t in INPUTS}
     users: dict[str, UserMemory] = {}
@@ -344,15 +344,9 @@ def core_alone(settings: Settings, load: list[Record]) -> Peer:
     started, cpu0 = time.monotonic(), time.thread_time()
     for r in load:
         try:
-            record = codecs[r.topic].decode(r.value)
+            run_core(codecs, users, r.topic, r.key.decode(), r.value)
         except ValueError:
             continue
-        if r.topic in (catalog.MEMORY_CANDIDATES, catalog.MEMORY_EVENTS):
-            key = r.key.decode()
-            um = users.get(key)
-            if um is None:
-                um = users[key] = UserMemory(key)
-            (process_candidate if r.topic == catalog.MEMORY_CANDIDATES else process_event)(um, record)
     peer = Peer("memstream's core alone (decode + process_candidate, no Kafka)", len(load),
                 time.monotonic() - started, time.thread_time() - cpu0)
     say(f"   core alone: {peer.rate:,.0f} records/s, CPU {peer.cpu_ms_per_record:.3f} ms/record")

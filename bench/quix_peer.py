@@ -3,7 +3,7 @@
 
 It runs in its own virtualenv (bench/.venv-quix, made by bench_e2e on first use: Quix Streams is a
 benchmark dependency, not a runtime one, and its pins need not agree with ours) with the repo on
-sys.path for `streams.core` and `streams.contracts.wire`:
+sys.path for `streams.core`, `streams.contracts.wire` and `bench.core_step`:
 
     bench/.venv-quix/bin/python bench/quix_peer.py --broker 127.0.0.1:9092 --registry URL \\
         --group G --output TOPIC --count N --topics memory.candidates.v1,memory.events.v1,...
@@ -31,9 +31,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from quixstreams import Application  # noqa: E402
 
+from bench.core_step import run_core  # noqa: E402
 from streams.contracts import catalog  # noqa: E402
 from streams.contracts.wire import CodecFactory  # noqa: E402
-from streams.core import UserMemory, process_candidate, process_event  # noqa: E402
+from streams.core import UserMemory  # noqa: E402
 
 
 def cpu_s() -> float:
@@ -67,16 +68,9 @@ def main() -> int:
         state["n"] += 1
         ledger: list = []
         try:
-            record = codecs[topic].decode(value)
+            ledger = run_core(codecs, users, topic, key, value)
         except ValueError:
             state["failed"] += 1
-            record = None
-        if record is not None and topic in (catalog.MEMORY_CANDIDATES, catalog.MEMORY_EVENTS):
-            um = users.get(key)
-            if um is None:
-                um = users[key] = UserMemory(key)
-            out = (process_candidate if topic == catalog.MEMORY_CANDIDATES else process_event)(um, record)
-            ledger = out.ledger
         if state["n"] >= args.count:
             app.stop()
         return ledger
