@@ -122,25 +122,14 @@ def test_dropped_exactly_when_the_first_record_lies_below_the_read_offset(first,
 
 
 # ---------------------------------------------- defect 8: rebalance callbacks during the worker's stop
-def _consumer(tmp_path):
-    from streams.runtime.app import create_runtime
-    from streams.settings import Settings
-
-    rt = create_runtime(Settings.from_env({
-        "MEMSTREAM_REGISTRY_URL": "", "MEMSTREAM_STORE": "rocksdb://", "MEMSTREAM_DATA_DIR": str(tmp_path),
-        "MEMSTREAM_APP_ID": "rebalance-stop"}))
-    consumer = rt.app.consumer
-    assert isinstance(consumer, RebalanceSafeConsumer)
-    return consumer
-
-
-def _run_callbacks(tmp_path, monkeypatch, prepare) -> list:
+def _run_callbacks(offline_runtime, monkeypatch, prepare) -> list:
     """Hand an assignment and a revocation to the consumer the way its fetch thread does, after
     `prepare(consumer)`; returns the callbacks that ran on the loop."""
     ran: list = []
 
     async def scenario() -> None:
-        consumer = _consumer(tmp_path)
+        consumer = offline_runtime("rebalance-stop").app.consumer
+        assert isinstance(consumer, RebalanceSafeConsumer)
 
         async def assigned(tps, generation_id=0):
             ran.append(("assigned", set(tps)))
@@ -160,29 +149,29 @@ def _run_callbacks(tmp_path, monkeypatch, prepare) -> list:
     return ran
 
 
-def test_rebalance_callbacks_of_a_running_consumer_run_on_the_event_loop(tmp_path, monkeypatch):
+def test_rebalance_callbacks_of_a_running_consumer_run_on_the_event_loop(offline_runtime, monkeypatch):
     async def running(consumer):
         await consumer._method_queue.start()
 
-    ran = _run_callbacks(tmp_path, monkeypatch, running)
+    ran = _run_callbacks(offline_runtime, monkeypatch, running)
     assert ran == [("assigned", {P0}), ("revoked", {P1})]
 
 
-def test_a_rebalance_reaching_a_stopping_consumer_is_ignored_instead_of_waiting_forever(tmp_path, monkeypatch):
+def test_a_rebalance_reaching_a_stopping_consumer_is_ignored_instead_of_waiting_forever(offline_runtime, monkeypatch):
     async def stopping(consumer):
         await consumer._method_queue.start()
         consumer._stopped.set()  # Service.stop's first step: the consumer should stop
         await consumer._method_queue.stop()
 
-    ran = _run_callbacks(tmp_path, monkeypatch, stopping)
+    ran = _run_callbacks(offline_runtime, monkeypatch, stopping)
     assert ran == []
 
 
-def test_a_callback_queued_just_before_the_queue_stopped_is_given_up(tmp_path, monkeypatch):
+def test_a_callback_queued_just_before_the_queue_stopped_is_given_up(offline_runtime, monkeypatch):
     # the race the first check cannot close: the consumer still runs, its queue has stopped
     async def queue_stopped(consumer):
         await consumer._method_queue.start()
         await consumer._method_queue.stop()
 
-    ran = _run_callbacks(tmp_path, monkeypatch, queue_stopped)
+    ran = _run_callbacks(offline_runtime, monkeypatch, queue_stopped)
     assert ran == []  # and returned: without the check, wait_for above raises at 10 s

@@ -9,15 +9,11 @@ import pytest
 from faust.types import TP
 
 from streams.runtime import faust_internals
-from streams.runtime.app import create_runtime
-from streams.settings import Settings
 
 
 @pytest.fixture
-def store_and_collections(tmp_path, monkeypatch):
-    rt = create_runtime(Settings.from_env({
-        "MEMSTREAM_REGISTRY_URL": "", "MEMSTREAM_STORE": "rocksdb://", "MEMSTREAM_DATA_DIR": str(tmp_path),
-        "MEMSTREAM_APP_ID": "store-revoke"}))
+def store_and_collections(offline_runtime, monkeypatch):
+    rt = offline_runtime("store-revoke")
     table = rt.tables["memory-state"]
     store = faust_internals.rocksdb_store(table)
     collections: list[int] = []
