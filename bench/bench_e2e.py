@@ -30,6 +30,15 @@ What each figure means:
   runtime one); records / time from its first record until it has stopped (producer flushed,
   offsets committed), and its process CPU per record. Every pipeline figure is reported as a ratio
   to the raw copy and to this peer, measured in the same run, with the load average beside them.
+* **the framework peers** (issue 14's table; `--peers` picks them, default all): the same
+  records through three frameworks, each with two kinds of work (bench/core_step.py): a
+  **per-user counter** in the framework's own state (what the framework costs with almost no
+  work) and **memstream's core** as the Quix peer runs it. `plain-*`: a confluent-kafka batch loop
+  (counter in a dict); `quix-*`: Quix Streams (counter in its RocksDB state; `quix-core` is the
+  Quix peer above); `faust-*`: a minimal Faust agent, one event and one `send` at a time (counter
+  in a `Table` on rocksdb://) — bench/peers.py, bench/quix_peer.py. Measured as the Quix peer is.
+  `faust-input`: Faust only reading the records, in batches as memstream's worker takes them (no
+  work, no output): what reading a record through Faust costs, the floor under a Faust worker.
 * **core alone**: the Quix peer's per-record work (decode, `process_candidate` /
   `process_event`, a dict of `UserMemory`) on the same records in the bench's own thread, without
   Kafka or any framework: the CPU per record every system running this core pays at least. (The
@@ -292,6 +301,20 @@ class Peer(PerRecord):
     records: int
     seconds: float
     cpu_s: float
+    store: str = "dict"
+
+
+#: the framework peers, in issue 14's order: name -> (label, where the per-user state is)
+PEERS = {
+    "plain-counter": ("plain confluent-kafka batch loop, per-user counter", "dict"),
+    "quix-counter": ("Quix Streams, per-user counter", "RocksDB state"),
+    "faust-counter": ("minimal Faust agent, per-user counter", "Table, rocksdb://"),
+    "plain-core": ("plain confluent-kafka batch loop + process_candidate", "dict"),
+    "quix-core": ("Quix Streams + process_candidate", "dict"),
+    "faust-core": ("minimal Faust agent + process_candidate", "dict"),
+    "faust-input": ("Faust reading only (take_events batches as memstream's worker, no work, no output)", "–"),
+}
+QUIX_CORE = "quix-core"  #: the peer every figure is a ratio to (the issue's target)
 
 
 def quix_python() -> Path:
@@ -309,27 +332,33 @@ def quix_python() -> Path:
     return python
 
 
-def quix_peer(settings: Settings, start: kafkatools.Offsets, end: kafkatools.Offsets, run: Path) -> Peer:
-    """Quix Streams + memstream's own process_candidate / process_event on the same records
-    (bench/quix_peer.py, in its own virtualenv), from `start` to `end`."""
-    python = quix_python()
-    group, output = f"{run.name}-quix", f"{run.name}-quix-out"
+def run_peer(settings: Settings, name: str, start: kafkatools.Offsets, end: kafkatools.Offsets, run: Path) -> Peer:
+    """One framework peer (`PEERS`) on the records from `start` to `end`, in its own process
+    (bench/quix_peer.py in its own virtualenv, or bench/peers.py)."""
+    label, store = PEERS[name]
+    framework, work = name.split("-", 1)
+    group, output, data = f"{run.name}-{name}", f"{run.name}-{name}-out", run / f"{name}-data"
     count = sum(off - start[tp] for tp, off in end.items() if off > start[tp])
     kafkatools.position_group(settings, group, start)  # the group starts where the load starts
     create_topic(settings, output, {})
-    say(f"   Quix Streams + process_candidate: {count:,} records …")
-    r = subprocess.run([str(python), "bench/quix_peer.py", "--broker", settings.broker,
-                        "--registry", settings.registry_url, "--group", group, "--output", output,
-                        "--topics", ",".join(INPUTS), "--count", str(count)],
-                       capture_output=True, text=True, timeout=3600)
-    (run / "quix-peer.log").parent.mkdir(parents=True, exist_ok=True)
-    (run / "quix-peer.log").write_text(r.stdout + r.stderr)
+    data.mkdir(parents=True, exist_ok=True)
+    common = ["--work", work, "--broker", settings.broker, "--registry", settings.registry_url, "--group", group,
+              "--output", output, "--topics", ",".join(INPUTS), "--count", str(count)]
+    if framework == "quix":
+        cmd = [str(quix_python()), "bench/quix_peer.py", *common, "--state-dir", str(data)]
+    else:
+        cmd = [sys.executable, "bench/peers.py", framework, *common, "--data-dir", str(data),
+               "--partitions", str(settings.partitions)]
+    say(f"   {label}: {count:,} records …")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    log_file = run / f"{name}.log"
+    log_file.write_text(r.stdout + r.stderr)
     line = next((x for x in reversed(r.stdout.splitlines()) if x.startswith("{")), None)
     if r.returncode != 0 or line is None:
-        raise BenchError(f"the Quix Streams peer failed (exit {r.returncode}); see {run / 'quix-peer.log'}")
+        raise BenchError(f"the peer {name} failed (exit {r.returncode}); see {log_file}")
     res = orjson.loads(line)
-    peer = Peer("Quix Streams + process_candidate", int(res["records"]), float(res["seconds"]), float(res["cpu_s"]))
-    say(f"   Quix Streams + process_candidate: {peer.rate:,.0f} records/s, CPU {peer.cpu_ms_per_record:.3f} ms/record")
+    peer = Peer(label, int(res["records"]), float(res["seconds"]), float(res["cpu_s"]), store)
+    say(f"   {label}: {peer.rate:,.0f} records/s, CPU {peer.cpu_ms_per_record:.3f} ms/record")
     return peer
 
 
@@ -800,13 +829,15 @@ def versions(settings: Settings) -> str:
 
 
 def report(settings: Settings, args: argparse.Namespace, records: int, generator: float, raw: float,
-           runs: list[Throughput], latencies: list[Latency], recoveries: list[Recovery], quix: Peer | None = None,
-           core: Peer | None = None) -> None:
+           runs: list[Throughput], latencies: list[Latency], recoveries: list[Recovery],
+           peers: dict[str, Peer] | None = None, core: Peer | None = None) -> None:
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     say(f"\n## Summary ({time.strftime('%Y-%m-%d %H:%M %Z')}, load average {load})\n\n{machine()}\n{versions(settings)}\n"
         f"partitions {settings.partitions}, standby replicas {settings.standby_replicas}, batch max "
         f"{settings.batch_max} / wait {settings.batch_wait_ms} ms, registry {'yes' if settings.registry_url else 'no'}, "
         f"at-least-once; {args.users} users, each starting with {args.seen_ids} ids in its de-duplication window\n")
+    peers = peers or {}
+    quix = peers.get(QUIX_CORE)
     of_quix = (lambda rate: f"{rate / quix.rate:.2f}×") if quix else (lambda rate: "–")
     cpu_of_quix = (lambda ms: f"{ms / quix.cpu_ms_per_record:.2f}×") if quix else (lambda ms: "–")
     if records:  # not with --recovery-only
@@ -814,13 +845,10 @@ def report(settings: Settings, args: argparse.Namespace, records: int, generator
             "|---|---|---|---|---|---|---|---|---|---|---|")
         say(f"| load generator (producer only) | – | – | {records:,} | – | {generator:,.0f} | – | – | – | – | – |")
         say(f"| raw consumer→producer copy | – | – | {records:,} | – | {raw:,.0f} | 100% | {of_quix(raw)} | – | – | – |")
-    if quix:
-        say(f"| {quix.label} | 1 | dict | {quix.records:,} | {quix.seconds:.1f} s | {quix.rate:,.0f} | "
-            f"{100 * quix.rate / raw:.1f}% | 1.00× | {quix.cpu_ms_per_record:.3f} ms | 1.00× | – |")
-    if core and records:
-        say(f"| {core.label} | 1 | dict | {core.records:,} | {core.seconds:.1f} s | {core.rate:,.0f} | "
-            f"{100 * core.rate / raw:.1f}% | {of_quix(core.rate)} | {core.cpu_ms_per_record:.3f} ms | "
-            f"{cpu_of_quix(core.cpu_ms_per_record)} | – |")
+    for peer in [*peers.values(), *([core] if core and records else [])]:
+        say(f"| {peer.label} | 1 | {peer.store} | {peer.records:,} | {peer.seconds:.1f} s | {peer.rate:,.0f} | "
+            f"{100 * peer.rate / raw:.1f}% | {of_quix(peer.rate)} | {peer.cpu_ms_per_record:.3f} ms | "
+            f"{cpu_of_quix(peer.cpu_ms_per_record)} | – |")
     for r in runs:
         rss = " / ".join(f"{m:,.0f} MiB" for m in r.rss_mib)
         say(f"| pipeline | {r.workers} | {r.store} | {r.records:,} | {r.seconds:.1f} s | **{r.rate:,.0f}** | "
@@ -891,7 +919,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--recovery-only", action="store_true", help="only the recovery runs (no load, peers, throughput or latency runs)")
     ap.add_argument("--stores", default="rocksdb://,memory://", help="stores of the one-worker and recovery runs")
     ap.add_argument("--no-scaling", action="store_true", help="skip the two-worker run")
-    ap.add_argument("--no-quix", action="store_true", help="skip the Quix Streams peer (its virtualenv is made on first use)")
+    ap.add_argument("--peers", default=",".join(PEERS),
+                    help=f"framework peers to run, comma-separated ('' = none): {', '.join(PEERS)}")
+    ap.add_argument("--no-quix", action="store_true", help="skip the Quix Streams peers (their virtualenv is made on first use)")
     ap.add_argument("--profile", action="store_true", help="one more one-worker run under py-spy (bench/out/<run id>/py-spy-profile.txt)")
     return ap.parse_args(argv)
 
@@ -912,7 +942,10 @@ def run_all(settings: Settings, args: argparse.Namespace, run: Path) -> None:
     end = kafkatools.end_offsets(settings, INPUTS)
     raw = raw_copy(settings, start, end, scratch)
     say(f"   raw consumer→producer copy: {raw:,.0f} records/s")
-    quix = None if args.no_quix else quix_peer(settings, start, end, run)
+    names = [n for n in args.peers.split(",") if n and not (args.no_quix and n.startswith("quix-"))]
+    if unknown := [n for n in names if n not in PEERS]:
+        raise BenchError(f"unknown peer(s) {', '.join(unknown)}: --peers takes {', '.join(PEERS)}")
+    peers = {n: run_peer(settings, n, start, end, run) for n in PEERS if n in names}
     core = core_alone(settings, load)
     runs = [pipeline_run(settings, load, state, f"1w-{s.split(':')[0]}", 1, s, run) for s in stores]
     if not args.no_scaling:
@@ -925,7 +958,7 @@ def run_all(settings: Settings, args: argparse.Namespace, run: Path) -> None:
     if args.latency_seconds > 0 and runs:
         latencies = [latency_run(settings, load, state, runs[0], float(rate), args.latency_seconds, run)
                      for rate in args.latency_rate.split(",") if rate]
-    report(settings, args, len(load), generator, raw, runs, latencies, recovery_runs(settings, args, stores, run), quix,
+    report(settings, args, len(load), generator, raw, runs, latencies, recovery_runs(settings, args, stores, run), peers,
            core)
 
 
