@@ -43,7 +43,9 @@ What each figure means:
   `process_event`, a dict of `UserMemory`) on the same records in the bench's own thread, without
   Kafka or any framework: the CPU per record every system running this core pays at least. (The
   Quix peer's figure minus this one is what Quix Streams costs; the pipeline's minus this one
-  what memstream adds: relay, node rows, state and its changelogs, analytics, checks.)
+  what memstream adds: relay, node rows, state and its changelogs, analytics, checks. The
+  summary's "added around the core" table prints these differences for every system that runs
+  the core, and each as a multiple of what Quix Streams adds.)
 * **pipeline**: a fresh app id (consumer group, changelogs, data dir) per run, positioned at the
   end of the input topics; the workers are started, `/health` ready and their memory caches
   filled by the prefill that follows every rebalance (every seeded user read; it stays out of
@@ -337,7 +339,7 @@ def run_peer(settings: Settings, name: str, start: kafkatools.Offsets, end: kafk
     (bench/quix_peer.py in its own virtualenv, or bench/peers.py)."""
     label, store = PEERS[name]
     framework, work = name.split("-", 1)
-    group, output, data = f"{run.name}-{name}", f"{run.name}-{name}-out", run / f"{name}-data"
+    group, output, data = f"{run.name}-{name}", f"{run.name}-{name}-out", run / "data" / name  # removed with the run's data
     count = sum(off - start[tp] for tp, off in end.items() if off > start[tp])
     kafkatools.position_group(settings, group, start)  # the group starts where the load starts
     create_topic(settings, output, {})
@@ -854,6 +856,9 @@ def report(settings: Settings, args: argparse.Namespace, records: int, generator
         say(f"| pipeline | {r.workers} | {r.store} | {r.records:,} | {r.seconds:.1f} s | **{r.rate:,.0f}** | "
             f"{100 * r.rate / raw:.1f}% | {of_quix(r.rate)} | {r.cpu_ms_per_record:.3f} ms | "
             f"{cpu_of_quix(r.cpu_ms_per_record)} | {rss} |")
+    if core and records and (peers or runs):
+        report_added(core, [(p.label, p.cpu_ms_per_record) for n, p in peers.items() if n.endswith("-core")]
+                     + [(f"memstream, {r.workers} worker(s), {r.store}", r.cpu_ms_per_record) for r in runs], quix)
     if latencies:
         say("\n| latency, one worker | inputs | matched | visible p50 | p99 | max | written p50 | p99 "
             "| p50 first ¼ | p50 last ¼ | p99 after the first ¼ | worker CPU busy |\n"
@@ -871,6 +876,17 @@ def report(settings: Settings, args: argparse.Namespace, records: int, generator
         for c in recoveries:
             say(f"| {c.nodes:,} | {c.users} | {c.store} | {c.restore} | {c.ready_s:.1f} s | {c.query_s:.1f} s | "
                 f"{c.first_query_s * 1000:,.0f} ms | {c.ready_rss_mib:,.0f} MiB | {c.rss_mib:,.0f} MiB |")
+
+
+def report_added(core: Peer, systems: list[tuple[str, float]], quix: Peer | None) -> None:
+    """What each system running the core adds around it: its CPU per record minus the core
+    alone's, measured in the same run (and as a multiple of what Quix Streams adds)."""
+    quix_added = quix.cpu_ms_per_record - core.cpu_ms_per_record if quix else None
+    say("\n| added around the core (CPU / record minus the core alone's) | ms | ÷ Quix Streams' |\n|---|---|---|")
+    for label, cpu_ms in systems:
+        added = cpu_ms - core.cpu_ms_per_record
+        times = f"{added / quix_added:.1f}×" if quix_added and quix_added > 0 else "–"
+        say(f"| {label} | {added:.3f} ms | {times} |")
 
 
 def report_profile(path: Path, top: int = 20) -> None:
