@@ -109,7 +109,7 @@ from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from bench.bench_consolidation import memory_text, vocabulary
-from bench.core_step import run_core
+from bench.core_step import CoreWork
 from streams.agents.memory import PROCESSOR as MEMORY_PROCESSOR
 from streams.agents.memory_store import STATE_TABLE, node_key
 from streams.agents.user_cache import chunk_rows
@@ -366,18 +366,13 @@ def run_peer(settings: Settings, name: str, start: kafkatools.Offsets, end: kafk
 
 def core_alone(settings: Settings, load: list[Record]) -> Peer:
     """memstream's core without any Kafka or framework: the Quix peer's per-record work
-    (bench/core_step.py `run_core`) on the same records, in this process's thread (its CPU
+    (bench/core_step.py `CoreWork`) on the same records, in this process's thread (its CPU
     time). The floor every peer running this core pays per record."""
-    factory = CodecFactory.from_url(settings.registry_url)
-    codecs = {t: factory.codec(catalog.topic(t).value_schema) for t in INPUTS}
-    users: dict[str, UserMemory] = {}
+    work = CoreWork(settings.registry_url, INPUTS)
     gc.collect()
     started, cpu0 = time.monotonic(), time.thread_time()
     for r in load:
-        try:
-            run_core(codecs, users, r.topic, r.key.decode(), r.value)
-        except ValueError:
-            continue
+        work(r.topic, r.key.decode(), r.value)
     peer = Peer("memstream's core alone (decode + process_candidate, no Kafka)", len(load),
                 time.monotonic() - started, time.thread_time() - cpu0)
     say(f"   core alone: {peer.rate:,.0f} records/s, CPU {peer.cpu_ms_per_record:.3f} ms/record")

@@ -15,7 +15,7 @@ memstream's own `process_candidate`; ``counter``: a per-user counter):
         --group G --output TOPIC --count N --topics memory.candidates.v1,... --data-dir DIR --partitions 6
 
 Consumer group G starts where the bench positioned it; after N records the peer flushes its producer
-and commits, then prints one JSON line (`core_step.result_line`): records, seconds and CPU seconds
+and commits, then prints one JSON line (`core_step.Tally`): records, seconds and CPU seconds
 of the process (every thread) from its first record until then.
 """
 
@@ -25,59 +25,20 @@ import argparse
 import asyncio
 import os
 import sys
-import time
-from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bench.core_step import WORKS, cpu_s, result_line, run_core  # noqa: E402
-from streams.contracts import catalog  # noqa: E402
-from streams.contracts.wire import CodecFactory  # noqa: E402
-from streams.core import UserMemory  # noqa: E402
-
-
-class Tally:
-    """Records seen, from the first one: the clock and CPU the result is measured from."""
-
-    def __init__(self, count: int) -> None:
-        self.count = count
-        self.n = self.undecodable = 0
-        self.t0 = self.cpu0 = 0.0
-
-    def seen(self) -> bool:
-        """Count one record; True when it is the last one."""
-        if not self.n:
-            self.t0, self.cpu0 = time.monotonic(), cpu_s()
-        self.n += 1
-        return self.n == self.count
-
-    def result(self) -> str:
-        return result_line(self.n, time.monotonic() - self.t0, cpu_s() - self.cpu0, self.undecodable)
-
-
-def core_work(args: argparse.Namespace, tally: Tally) -> Callable[[str, str, bytes], list]:
-    """The ``core`` work: (topic, key, value) -> the ledger events to send."""
-    factory = CodecFactory.from_url(args.registry)
-    codecs = {t: factory.codec(catalog.topic(t).value_schema) for t in args.topics}
-    users: dict[str, UserMemory] = {}
-
-    def work(topic: str, key: str, value: bytes) -> list:
-        try:
-            return run_core(codecs, users, topic, key, value)
-        except ValueError:
-            tally.undecodable += 1
-            return []
-    return work
+from bench.core_step import WORKS, CoreWork, Tally  # noqa: E402
 
 
 def plain(args: argparse.Namespace) -> str:
     from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
     tally = Tally(args.count)
-    work = core_work(args, tally) if args.work == "core" else None
+    work = CoreWork(args.registry, args.topics) if args.work == "core" else None
     counts: dict[bytes, int] = {}
     consumer = Consumer({"bootstrap.servers": args.broker, "group.id": args.group, "enable.auto.commit": False,
                          "auto.offset.reset": "earliest", "log_level": 0})
@@ -119,7 +80,7 @@ def plain(args: argparse.Namespace) -> str:
         except KafkaException as exc:  # the last batch's asynchronous commit already took everything
             if exc.args[0].code() != KafkaError._NO_OFFSET:
                 raise
-        return tally.result()
+        return tally.result(work.undecodable if work else 0)
     finally:
         consumer.close()
 
@@ -128,7 +89,7 @@ def faust_agent(args: argparse.Namespace) -> None:
     import faust
 
     tally = Tally(args.count)
-    work = core_work(args, tally) if args.work == "core" else None
+    work = CoreWork(args.registry, args.topics) if args.work == "core" else None
     app = faust.App(args.group, broker=f"kafka://{args.broker}", store="rocksdb://", datadir=args.data_dir,
                     topic_partitions=args.partitions, web_enabled=False, consumer_auto_offset_reset="earliest")
     source = app.topic(*args.topics, key_serializer="raw", value_serializer="raw")
@@ -139,7 +100,7 @@ def faust_agent(args: argparse.Namespace) -> None:
         await app.producer.flush()
         await app.consumer.commit()
         # fd 1 itself (Faust's worker logs what goes to sys.stdout), on a line of its own (its spinner)
-        os.write(1, f"\n{tally.result()}\n".encode())
+        os.write(1, f"\n{tally.result(work.undecodable if work else 0)}\n".encode())
         try:  # leave the group (the bench deletes it), but do not wait for the rest of Faust's stop
             await asyncio.wait_for(app.consumer.stop(), 10)
         finally:

@@ -11,13 +11,13 @@ sys.path for `streams.core`, `streams.contracts.wire` and `bench.core_step`:
         --state-dir DIR [--work core]
 
 A Quix `Application` (consumer group G, from the earliest offset) reads the input topics as
-bytes. ``core`` (bench/core_step.py `run_core`): decodes each value with memstream's codec (the
+bytes. ``core`` (bench/core_step.py `CoreWork`): decodes each value with memstream's codec (the
 same Avro framing the worker reads), keeps one `UserMemory` per user in a dict (no changelog: the
 peer is given the cheapest state there is), calls memstream's `process_candidate` for a memory
 candidate and `process_event` for a memory event (other topics: decoded, nothing else), and sends
 the resulting ledger events as JSON to TOPIC. ``counter``: adds one to the key's count in Quix's
 state (RocksDB, with its changelog) and sends the count as JSON to TOPIC. After N records it stops
-(Quix flushes its producer and commits). Prints one JSON line (`core_step.result_line`): records,
+(Quix flushes its producer and commits). Prints one JSON line (`core_step.Tally`): records,
 seconds from the first record until the application has stopped, records/s, CPU seconds of the
 process over the same span, CPU ms per record.
 """
@@ -27,16 +27,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from quixstreams import Application, State  # noqa: E402
 
-from bench.core_step import WORKS, cpu_s, result_line, run_core  # noqa: E402
-from streams.contracts import catalog  # noqa: E402
-from streams.contracts.wire import CodecFactory  # noqa: E402
-from streams.core import UserMemory  # noqa: E402
+from bench.core_step import WORKS, CoreWork, Tally  # noqa: E402
 
 
 def main() -> int:
@@ -51,30 +47,21 @@ def main() -> int:
     ap.add_argument("--state-dir", required=True, help="Quix Streams' state directory (RocksDB of --work counter)")
     args = ap.parse_args()
 
-    factory = CodecFactory.from_url(args.registry)
     names = [t for t in args.topics.split(",") if t]
-    codecs = {t: factory.codec(catalog.topic(t).value_schema) for t in names}
-    users: dict[str, UserMemory] = {}
-    state = {"n": 0, "t0": 0.0, "cpu0": 0.0, "failed": 0}
+    work = CoreWork(args.registry, names)
+    tally = Tally(args.count)
 
     app = Application(broker_address=args.broker, consumer_group=args.group, auto_offset_reset="earliest",
                       loglevel="WARNING", state_dir=args.state_dir)
     out_topic = app.topic(args.output, value_serializer="json", key_serializer="str")
 
     def counted() -> None:
-        if not state["n"]:
-            state["t0"], state["cpu0"] = time.monotonic(), cpu_s()
-        state["n"] += 1
-        if state["n"] >= args.count:
+        if tally.seen():
             app.stop()
 
     def core(topic: str, value: bytes, key: str) -> list:
         counted()
-        try:
-            return run_core(codecs, users, topic, key, value)
-        except ValueError:
-            state["failed"] += 1
-            return []
+        return work(topic, key, value)
 
     def counter(rs: State) -> int:
         counted()
@@ -93,12 +80,8 @@ def main() -> int:
         else:
             sdf = sdf.apply(lambda _value, rs: counter(rs), stateful=True)
         frames.append(sdf.to_topic(out_topic))
-    started = time.monotonic()
     app.run()  # every dataframe defined above
-    elapsed = time.monotonic() - (state["t0"] or started)
-    cpu = cpu_s() - state["cpu0"]
-    n = state["n"]
-    print(result_line(n, elapsed, cpu, state["failed"]))
+    print(tally.result(work.undecodable))
     return 0
 
 
