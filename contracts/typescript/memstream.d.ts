@@ -169,6 +169,8 @@ export interface CompactionEntry {
   error: null | string;
   /** open until compaction/end; then succeeded or failed. */
   status: CompactionStatus;
+  /** A turn boundary that crossed this compaction, if any; null when none did. */
+  crossing: null | TurnCrossing;
 }
 
 /** Seqs of the first (start) and last (end) surface nodes of a replaced range: a surface-position span, so start can be greater than end. */
@@ -191,6 +193,16 @@ export interface TokenUsage {
 
 /** Lifecycle status; an unrecognised status reads as unknown. */
 export type CompactionStatus = "unknown" | "open" | "succeeded" | "failed";
+
+/** The first turn boundary that crossed this compaction while it held the lock, reported (dead-lettered) at that boundary. */
+export interface TurnCrossing {
+  /** Seq of the boundary event: the dead letter's session event. */
+  seq: number;
+  /** The rule reported: turn.enclosure or turn.crosses_standalone. */
+  rule: string;
+  /** true once a session/end-seed released this compaction as an inherited orphan: the boundary was crash repair of the inherited history and the report is withdrawn (it stays counted in violationCount). */
+  retracted: boolean;
+}
 
 /** A record the pipeline could not accept, with where it came from and why. Topic pipeline.dlq.v1; key = the original key. The same facts ride as __connect.errors.* headers. */
 export interface DeadLetter {

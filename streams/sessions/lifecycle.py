@@ -18,9 +18,11 @@ fields; ``internal`` holds the bookkeeping the record schema has no field for:
 - ``claim`` (dict | None): the armed shadow-price claim
   ``{"seq", "type", "compactionId", "shadowedSeqs", "shadowedTokenCount"}``;
 - ``openStartTs`` (int | None): ``ts`` of the open compaction's ``compaction/start``;
-- ``enclosureFlagged`` (bool): a turn boundary already crossed the open compaction;
-- ``pendingCrossing`` (``[rule, message]`` | None): that crossing, reported when the compaction
-  closes (dropped when a ``session/end-seed`` releases it as an orphan);
+- ``enclosureFlagged`` (bool): a turn boundary already crossed the open compaction (it was
+  reported then; later boundaries inside the same bracket are not reported again);
+- ``pendingCrossing``: only in a state written by an earlier version, which held a crossing back
+  until the bracket closed; such a crossing is still reported when the bracket closes, so none is
+  lost across the upgrade (this version never sets it);
 - ``droppedCompactions`` (int): closed compactions trimmed from ``record.compactions`` (the
   record keeps the newest ``MAX_COMPACTIONS``; totals stay cumulative).
 
@@ -39,14 +41,18 @@ The seed says a numbered ``compaction/start`` owner is strictly enclosed by the 
 Checks: a numbered start must name the open turn (``turn.not_open``); a ``null`` start while a turn
 is open is ``turn.null_inside_turn`` — enforced only once the session has logged an explicit
 ``turn/start``/``turn/end`` (without boundaries we cannot know that a turn is over, so we do not
-guess); the owning turn ending, or a different turn starting, while its compaction still holds the
-lock is ``turn.enclosure``; an explicit ``turn/start``/``turn/end`` inside a standalone bracket is
-``turn.crosses_standalone``. Both crossings are reported when the bracket closes (end, or
-abandonment by a second start), not at the boundary: a later ``session/end-seed`` may show the
-bracket to be an inherited orphan whose boundaries were crash repair (not reported). The end's
-owner (``turn``, ``sourceCommandId``) must equal the start's (``lock.owner_mismatch``), the
-summary's ``sourceCommandId`` the start's (``summary.owner_mismatch``); an empty ``compactionId``
-or ``sourceCommandId`` is ``event.empty_id`` (not applied).
+guess); an explicit ``turn/start``/``turn/end`` while a numbered compaction holds the lock, or a
+surface append moving to another turn, is ``turn.enclosure``; an explicit ``turn/start``/``turn/end``
+inside a standalone bracket is ``turn.crosses_standalone``. A crossing is reported **at the
+boundary** (the reference's live check refuses the boundary event itself), once per bracket, and
+recorded on the compaction's ledger entry (``crossing {seq, rule, retracted}``). When a later
+``session/end-seed`` shows the bracket to be an inherited orphan, its boundaries were the crash
+repair of a dead writer's history, which the reference accepts on replay: the report is then
+retracted on the ledger entry (``crossing.retracted``, and the entry's ``error`` says so); it
+stays counted in ``violationCount``, which counts what was dead-lettered. The end's owner
+(``turn``, ``sourceCommandId``) must equal the start's (``lock.owner_mismatch``), the summary's
+``sourceCommandId`` the start's (``summary.owner_mismatch``); an empty ``compactionId`` or
+``sourceCommandId`` is ``event.empty_id`` (not applied).
 
 ``session/end-seed`` (written after the history a resumed or forked session inherited) releases a
 compaction still open: closed ``failed`` with error ``orphaned: …`` (not counted in ``errorCount``).
@@ -119,8 +125,8 @@ RULES: dict[str, str] = {
     "lock.owner_mismatch": "compaction/end's owner (turn, sourceCommandId) differs from its compaction/start",
     "turn.not_open": "a numbered compaction owner is not the open turn",
     "turn.null_inside_turn": "turn: null (between turns) while a turn is open",
-    "turn.enclosure": "the owning turn ended while its compaction still held the lock",
-    "turn.crosses_standalone": "a turn/start or turn/end inside a standalone (turn: null) compaction bracket",
+    "turn.enclosure": "a turn boundary (turn/start, turn/end, or a surface event of another turn) while a numbered compaction held the lock; reported at the boundary",
+    "turn.crosses_standalone": "a turn/start or turn/end inside a standalone (turn: null) compaction bracket; reported at the boundary",
     "summary.not_open": "compaction/summary for a compaction that is not open",
     "summary.duplicate": "more than one compaction/summary for one compaction",
     "summary.owner_mismatch": "compaction/summary's sourceCommandId differs from (or omits) its compaction/start's",
@@ -192,7 +198,6 @@ def new_state(session_id: str) -> dict[str, Any]:
             "claim": None,
             "openStartTs": None,
             "enclosureFlagged": False,
-            "pendingCrossing": None,
             "droppedCompactions": 0,
             "seqPrints": {},
             "seqFloor": 0,
@@ -279,6 +284,7 @@ def _new_compaction(cid: str, source_command_id: Any, turn: Any, seq: int) -> di
         "durationMs": None,
         "error": None,
         "status": "open",
+        "crossing": None,
     }
 
 
@@ -557,39 +563,42 @@ def _failed_end_of(claim: Mapping[str, Any], typ: str | None, data: Mapping[str,
 
 
 def _check_turn_change(ctx: _Ctx, new_turn: int | None, explicit: bool = False) -> None:
-    """A different turn is starting (or the turn is ending) while a compaction holds the lock.
+    """A turn boundary while a compaction holds the lock: report the crossing now, at the
+    boundary, as the reference's live check does (deepseek-harness
+    packages/compaction/compaction/src/invariant.ts ``validateTurnBoundary``: "turn/end cannot
+    cross an open compaction for turn N", "turn/start cannot cross an open standalone
+    compaction"), and record it on the compaction's ledger entry.
 
-    The crossing is remembered (``pendingCrossing``) and reported when the bracket closes (its
-    end, or its abandonment by a second start), not now: if a ``session/end-seed`` shows that the
-    open compaction was inherited from a writer that died, the boundaries in between were that
-    history's crash repair and nothing is reported (deepseek-harness
-    packages/compaction/compaction/src/invariant.ts, stale inherited orphans). A numbered owner
-    is crossed by any other turn (explicit or inferred from a surface append); a standalone
-    owner (``turn: null``) by an explicit ``turn/start`` / ``turn/end`` only."""
+    An explicit ``turn/start`` / ``turn/end`` crosses any open bracket; a surface append that moves
+    the turn (``new_turn`` ≠ the owner) crosses a numbered one only. Once per bracket: a stuck lock
+    does not add two dead letters per turn (the first boundary already told the operator)."""
     open_id = ctx.rec["openCompactionId"]
     if open_id is None or ctx.internal["enclosureFlagged"]:
         return
     idx = ctx.find(open_id)
     owner = ctx.rec["compactions"][idx]["turn"] if idx is not None else None
+    what = TURN_END if new_turn is None else f"{TURN_START} of turn {new_turn}"
     if owner is None and explicit:
-        what = TURN_END if new_turn is None else f"{TURN_START} of turn {new_turn}"
-        crossing = ("turn.crosses_standalone", f"{what} at seq {ctx.seq} inside standalone compaction {open_id!r}")
-    elif owner is not None and owner != new_turn:
-        what = "ended" if new_turn is None else f"was followed by turn {new_turn}"
-        crossing = ("turn.enclosure", f"turn {owner} {what} at seq {ctx.seq} while its compaction {open_id!r} still held the lock")
+        rule, message = "turn.crosses_standalone", f"{what} at seq {ctx.seq} inside standalone compaction {open_id!r}"
+    elif owner is not None and (explicit or owner != new_turn):
+        if not explicit:
+            what = f"a surface event of turn {new_turn}"
+        rule, message = "turn.enclosure", f"{what} at seq {ctx.seq} crossed compaction {open_id!r} of turn {owner}, which still held the lock"
     else:
         return
     ctx.internal["enclosureFlagged"] = True
-    ctx.internal["pendingCrossing"] = list(crossing)
+    ctx.violate(rule, message)
+    if idx is not None:
+        ctx.entry(idx)["crossing"] = {"seq": ctx.seq, "rule": rule, "retracted": False}
 
 
-def _report_crossing(ctx: _Ctx) -> None:
-    """The open bracket closes: report the turn boundary it contained, if any."""
-    crossing = ctx.internal.get("pendingCrossing")
-    ctx.internal["pendingCrossing"] = None
+def _close_bracket(ctx: _Ctx) -> None:
+    """The open bracket closes (end, or abandonment by a second start). A crossing an earlier
+    version held back until now (``pendingCrossing`` in its stored state) is reported here."""
+    legacy = ctx.internal.pop("pendingCrossing", None)
     ctx.internal["enclosureFlagged"] = False
-    if crossing:
-        ctx.violate(crossing[0], crossing[1])
+    if legacy:
+        ctx.violate(legacy[0], legacy[1])
 
 
 def _empty_ids(ctx: _Ctx, data: Mapping[str, Any], what: str) -> bool:
@@ -612,8 +621,7 @@ def _on_turn_start(ctx: _Ctx, data: Mapping[str, Any]) -> None:
         ctx.violate("event.malformed", "turn/start without an integer turn")
         return
     ctx.internal["turnBoundaries"] = True
-    if turn != ctx.internal["openTurn"]:
-        _check_turn_change(ctx, turn, explicit=True)
+    _check_turn_change(ctx, turn, explicit=True)
     ctx.internal["openTurn"] = turn
 
 
@@ -625,9 +633,12 @@ def _on_turn_end(ctx: _Ctx) -> None:
 
 def _on_end_seed(ctx: _Ctx) -> None:
     """``session/end-seed``: a compaction still open is an inherited orphan; release it (closed
-    as ``failed``, error ``orphaned: …``, not counted in ``errorCount``) and forget any turn
-    boundary it contained. A new start is then valid (in the same turn too); the stale id is
-    closed, so a summary or end for it is ``summary.not_open`` / ``lock.end_not_open``."""
+    as ``failed``, error ``orphaned: …``, not counted in ``errorCount``). A turn boundary that
+    crossed it was the crash repair of the inherited history (the reference accepts it on replay,
+    invariant.ts ``inheritedOrphanStartSeqs``): its report, made at the boundary, is retracted on
+    the entry (``crossing.retracted``, named in ``error``). A new start is then valid (in the same
+    turn too); the stale id is closed, so a summary or end for it is ``summary.not_open`` /
+    ``lock.end_not_open``."""
     open_id = ctx.rec["openCompactionId"]
     if open_id is None:
         return
@@ -636,10 +647,15 @@ def _on_end_seed(ctx: _Ctx) -> None:
         e = ctx.entry(idx)
         e["status"] = "failed"
         e["error"] = f"orphaned: inherited compaction released by {END_SEED} at seq {ctx.seq}"
+        crossing = e.get("crossing")
+        if crossing:
+            e["crossing"] = {**crossing, "retracted": True}
+            e["error"] += (f"; the turn boundary at seq {crossing['seq']} that crossed it was crash repair of the "
+                           f"inherited history: its {crossing['rule']} report is retracted")
     ctx.rec["openCompactionId"] = None
     ctx.internal["openStartTs"] = None
     ctx.internal["enclosureFlagged"] = False
-    ctx.internal["pendingCrossing"] = None
+    ctx.internal.pop("pendingCrossing", None)  # an earlier version's held-back crossing: excused
 
 
 def _on_surface_append(ctx: _Ctx, data: Mapping[str, Any]) -> None:
@@ -663,7 +679,7 @@ def _on_start(ctx: _Ctx, data: Mapping[str, Any], ts: Any) -> None:
     open_id = ctx.rec["openCompactionId"]
     if open_id is not None:
         ctx.violate("lock.second_start", f"compaction {cid!r} started while compaction {open_id!r} holds the lock")
-        _report_crossing(ctx)
+        _close_bracket(ctx)
         idx = ctx.find(open_id)
         if idx is not None:
             e = ctx.entry(idx)
@@ -682,7 +698,7 @@ def _on_start(ctx: _Ctx, data: Mapping[str, Any], ts: Any) -> None:
     ctx.rec["openCompactionId"] = cid
     ctx.internal["openStartTs"] = ts if _is_int(ts) else None
     ctx.internal["enclosureFlagged"] = False
-    ctx.internal["pendingCrossing"] = None
+    ctx.internal.pop("pendingCrossing", None)
     _trim(ctx)
 
 
@@ -790,7 +806,7 @@ def _on_end(ctx: _Ctx, data: Mapping[str, Any], ts: Any) -> None:
             f"end of {cid!r} owned by (turn={turn}, command={data.get('sourceCommandId')!r}) but started by "
             f"(turn={e['turn']}, command={e['sourceCommandId']!r})",
         )
-    _report_crossing(ctx)
+    _close_bracket(ctx)
     e["endSeq"] = ctx.seq
     start_ts = ctx.internal["openStartTs"]
     e["durationMs"] = ts - start_ts if _is_int(ts) and _is_int(start_ts) else None

@@ -327,6 +327,15 @@ def _fault(b: _Builder, name: str) -> list[str]:
         b.compaction()
         b.emit("compaction/end", {"compactionId": stale, "sourceCommandId": None, "turn": b.turn, "error": None})
         return ["lock.end_not_open"]
+    if name == "turn.orphan_crossing_retracted":
+        # an inherited compaction never ended: crash repair closes its turn (the crossing is
+        # reported at that boundary), then the resumed writer's end-seed proves the compaction an
+        # orphan (the report is retracted on its ledger entry) and the session goes on
+        b.emit("compaction/start", {"compactionId": b.new_cid(), "sourceCommandId": None, "turn": b.turn})
+        b.end_turn()
+        b.generic("session/end-seed", {})
+        b.begin_turn()
+        return ["turn.enclosure"]
     if name == "event.empty_id":
         b.emit("compaction/start", {"compactionId": b.new_cid(), "sourceCommandId": "", "turn": b.turn})
         return ["event.empty_id"]
@@ -433,6 +442,7 @@ SCENARIOS: tuple[str, ...] = (
     "shadow.not_adjacent", "shadow.prune_not_replaced", "shadow.range_mismatch", "shadow.unclaimed_replace",
     "event.unknown_type", "event.malformed", "event.session_mismatch", "event.over_limit",
     "session.seq_reused", "session.seq_out_of_order", "session.seq_unverifiable",
+    "turn.orphan_crossing_retracted",
 )
 
 
@@ -442,8 +452,10 @@ def broken_session(scenario: str, seed: int) -> SampleSession:
         raise KeyError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     rng = random.Random(f"{scenario}/{seed}")
     sid = _session_id(rng, "sx")
-    # turn.null_inside_turn is only enforced once turn boundaries are explicit
-    explicit = True if scenario in ("turn.null_inside_turn", "turn.crosses_standalone") else rng.random() < 0.5
+    # turn.null_inside_turn is only enforced once turn boundaries are explicit, and only an
+    # explicit boundary is repair of an inherited orphan
+    explicit = (True if scenario in ("turn.null_inside_turn", "turn.crosses_standalone", "turn.orphan_crossing_retracted")
+                else rng.random() < 0.5)
     b = _Builder(rng, sid, explicit_turns=explicit)
     b.warm_up(rng.randint(1, 3))  # leaves a turn open, with tool nodes and room for ranges
     expected = _fault(b, scenario)

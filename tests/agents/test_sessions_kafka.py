@@ -58,6 +58,9 @@ def test_worker_keeps_the_ledger_and_dead_letters_every_violation(stack, unique)
         latest[m["key"].decode()] = m["value"]
     for s in sessions:
         assert latest[s.session_id] == expected[s.session_id][0], s.scenario
+    # a crossing reported at its boundary, then retracted by an end-seed, reaches the topic
+    orphan = latest[f"sx-turn.orphan_crossing_retracted-{unique}"]
+    assert [c["crossing"]["retracted"] for c in orphan["compactions"] if c["crossing"]] == [True]
 
     letters = read_to_end(stack, catalog.DLQ, keys)
     event_codec = codecs(stack).codec("session_event")

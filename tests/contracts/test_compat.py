@@ -65,7 +65,7 @@ def test_run_check_prints_one_line_per_schema_version():
     lines = out.getvalue().splitlines()
     for stem in schemas.default().current:
         assert any(line.split()[:2] == [stem, "v1"] and line.endswith("BACKWARD ok  FORWARD ok") for line in lines)
-    assert lines[-1] == "17 schemas, 19 released versions: compatible (0 problems)"
+    assert lines[-1] == "17 schemas, 20 released versions: compatible (0 problems)"
 
 
 # ------------------------------------------------------------------------------ incompatible changes

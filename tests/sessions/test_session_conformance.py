@@ -3,6 +3,7 @@ align"): deepseek-harness, packages/compaction (invariant, checkpoint, estimator
 dsh-session surface helpers. Each test names the reference file and test it mirrors; the
 behaviour is re-derived here, not copied."""
 
+import copy
 import json
 
 import pytest
@@ -83,23 +84,38 @@ def test_repair_turn_end_after_end_seed_of_a_numbered_orphan():
 
 
 @pytest.mark.parametrize("owner", [None, 1])
-def test_repair_boundaries_before_end_seed_inside_an_orphan_are_not_violations(owner):
+def test_repair_boundary_inside_an_orphan_is_reported_live_then_retracted_at_end_seed(owner):
     # INVARIANT_SPEC: "accepts inherited repair boundaries before the end-seed that clears a
-    # standalone orphan" (and the numbered twin: crash repair closes the turn of a dead writer)
+    # standalone orphan" (and the numbered twin: crash repair closes the turn of a dead writer).
+    # Live, the reference refuses the boundary (validateTurnBoundary); on replay it skips it once a
+    # later end-seed proves the bracket stale (inheritedOrphanStartSeqs). A stream consumer cannot
+    # wait for a maybe: memstream reports at the boundary and retracts on the ledger at the end-seed.
     log = Log()
     if owner is None:
         log.start("stale", turn=None)
-        log.turn_start(1)
-        log.turn_end(1)
+        crossing = log.turn_start(1)
+        log.turn_end(1)  # the same bracket: not reported again
+        rule = "turn.crosses_standalone"
     else:
         log.turn_start(1)
         log.start("stale", turn=1)
-        log.turn_end(1)
-    end_seed(log)
+        crossing = log.turn_end(1)
+        rule = "turn.enclosure"
+    state, vs = log.run()
+    assert [(v.rule, v.seq) for v in vs] == [(rule, crossing)]
+    assert compaction(state, "stale")["crossing"] == {"seq": crossing, "rule": rule, "retracted": False}
+    seed = end_seed(log)
     log.turn_start(2)
     log.turn_end(2)
-    _, vs = log.run()
-    assert vs == []
+    state, vs_after = replay(log.events[len(log.events) - 3:], state)
+    assert vs_after == []  # the end-seed and the next turn add nothing
+    stale = compaction(state, "stale")
+    assert stale["crossing"] == {"seq": crossing, "rule": rule, "retracted": True}
+    assert stale["status"] == "failed"
+    assert f"released by {END_SEED} at seq {seed}" in stale["error"]
+    assert f"seq {crossing}" in stale["error"] and f"{rule} report is retracted" in stale["error"]
+    assert state["record"]["violationCount"] == 1  # it was dead-lettered: the count keeps it
+    assert state["record"]["errorCount"] == 0
 
 
 def test_end_seed_with_nothing_open_changes_nothing_but_lastseq():
@@ -116,21 +132,49 @@ def test_end_seed_with_nothing_open_changes_nothing_but_lastseq():
 # a standalone compaction sits between turns
 
 
+def crossing_of(vs):
+    return [(v.rule, v.seq, v.event_type) for v in vs]
+
+
 @pytest.mark.parametrize("boundary", ["start", "end"])
-def test_turn_boundary_inside_a_live_standalone_bracket(boundary):
-    # INVARIANT_SPEC: "rejects turn boundaries that cross live standalone or numbered compaction brackets"
+@pytest.mark.parametrize("closes", [True, False])
+def test_turn_boundary_inside_a_live_standalone_bracket_is_reported_at_the_boundary(boundary, closes):
+    # INVARIANT_SPEC: "rejects turn boundaries that cross live standalone or numbered compaction
+    # brackets" (/turn\/start cannot cross an open standalone compaction/): refused at the boundary,
+    # whether or not the bracket ever closes
     log = Log()
     if boundary == "end":
         log.turn_start(1)
         log.turn_end(1)
     log.start("c1", turn=None)
-    if boundary == "start":
-        log.turn_start(2)
-    else:
-        log.turn_end(1)
-    log.end("c1", turn=None, error="cancelled")
-    _, vs = log.run()
-    assert rules(vs) == ["turn.crosses_standalone"]
+    crossing = log.turn_start(2) if boundary == "start" else log.turn_end(1)
+    before, vs = log.run()
+    assert crossing_of(vs) == [("turn.crosses_standalone", crossing, f"turn/{boundary}")]
+    assert ("turn/start of turn 2" if boundary == "start" else "turn/end") in vs[0].message
+    assert compaction(before, "c1")["crossing"] == {"seq": crossing, "rule": "turn.crosses_standalone", "retracted": False}
+    if closes:
+        log.end("c1", turn=None, error="cancelled")
+        after, more = replay(log.events[-1:], before)
+        assert more == []  # the close adds nothing: the crossing was reported when it happened
+        assert compaction(after, "c1")["crossing"]["retracted"] is False
+
+
+def test_a_bracket_that_never_closes_is_reported_by_the_step_of_its_boundary():
+    # the stuck lock: an operator learns of it at the first turn that crosses it
+    log = Log()
+    log.turn_start(1)
+    log.start("stuck", turn=1)
+    state, _ = log.run()
+    crossing = log.turn_end(1)
+    state, vs = step(state, log.events[-1])
+    assert crossing_of(vs) == [("turn.enclosure", crossing, "turn/end")]
+    assert "crossed compaction 'stuck' of turn 1" in vs[0].message
+    assert state["record"]["openCompactionId"] == "stuck"
+    for n in (2, 3):  # later turns inside the same bracket: once per bracket
+        log.turn_start(n)
+        log.turn_end(n)
+    state, vs = replay(log.events[-4:], state)
+    assert vs == [] and state["record"]["violationCount"] == 1
 
 
 def test_turn_after_a_closed_standalone_bracket_is_fine():
@@ -140,44 +184,80 @@ def test_turn_after_a_closed_standalone_bracket_is_fine():
     log.end("c1", turn=None, error="cancelled")
     log.turn_start(1)
     log.turn_end(1)
-    _, vs = log.run()
+    state, vs = log.run()
     assert vs == []
+    assert compaction(state, "c1")["crossing"] is None
 
 
 @pytest.mark.parametrize("then_end_seed", [False, True])
-def test_closed_standalone_bracket_containing_a_turn_is_a_violation_on_replay(then_end_seed):
+def test_closed_standalone_bracket_containing_a_turn_is_a_violation(then_end_seed):
     # INVARIANT_SPEC: "rejects a closed standalone bracket that contains a turn before end-seed"
     # (an end-seed after the bracket closed does not excuse it: the bracket was not an orphan)
     log = Log()
     log.start("c1", turn=None)
-    log.turn_start(1)
+    crossing = log.turn_start(1)
     log.turn_end(1)
     log.end("c1", turn=None, error="failed after crossing turn")
     if then_end_seed:
         end_seed(log)
-    _, vs = log.run()
-    assert rules(vs) == ["turn.crosses_standalone"]
+    state, vs = log.run()
+    assert crossing_of(vs) == [("turn.crosses_standalone", crossing, "turn/start")]
+    assert compaction(state, "c1")["crossing"]["retracted"] is False
 
 
-def test_numbered_bracket_crossed_by_its_turn_end_is_reported_when_it_closes():
-    # INVARIANT_SPEC: "rejects turn boundaries that cross live standalone or numbered compaction brackets"
+@pytest.mark.parametrize("closes", [True, False])
+def test_numbered_bracket_crossed_by_its_turn_end_is_reported_at_the_turn_end(closes):
+    # INVARIANT_SPEC: "rejects turn boundaries that cross live standalone or numbered compaction
+    # brackets" (/turn\/end cannot cross an open compaction for turn 1/)
     log = Log()
     log.turn_start(1)
     log.start("c1", turn=1)
     crossing = log.turn_end(1)
-    closing = log.end("c1", turn=1, error="cancelled")
+    if closes:
+        log.end("c1", turn=1, error="cancelled")
+        log.turn_end(1)  # INVARIANT_SPEC, same test: after the close the turn may end
     _, vs = log.run()
-    assert [(v.rule, v.seq) for v in vs] == [("turn.enclosure", closing)]
-    assert f"at seq {crossing}" in vs[0].message
+    assert crossing_of(vs) == [("turn.enclosure", crossing, "turn/end")]
 
 
-def test_crossing_of_an_abandoned_standalone_bracket_is_reported_with_the_second_start():
+def test_restarting_the_owning_turn_crosses_its_numbered_bracket():
+    # invariant.ts validateTurnBoundary: any turn/start or turn/end while a compaction is open
+    # fails, the owner's own turn number included
+    log = Log()
+    log.turn_start(1)
+    log.start("c1", turn=1)
+    crossing = log.turn_start(1)
+    _, vs = log.run()
+    assert crossing_of(vs) == [("turn.enclosure", crossing, "turn/start")]
+
+
+def test_crossing_of_an_abandoned_standalone_bracket_is_reported_before_the_second_start():
     log = Log()
     log.start("c1", turn=None)
-    log.turn_start(1)
-    log.start("c2", turn=1)
+    crossing = log.turn_start(1)
+    second = log.start("c2", turn=1)
     _, vs = log.run()
-    assert rules(vs) == ["lock.second_start", "turn.crosses_standalone"]
+    assert [(v.rule, v.seq) for v in vs] == [("turn.crosses_standalone", crossing), ("lock.second_start", second)]
+
+
+def test_a_crossing_an_earlier_version_held_back_is_still_reported_when_the_bracket_closes():
+    # states written before crossings were reported live kept them in internal.pendingCrossing
+    # until the bracket closed: an upgrade must neither lose nor repeat them
+    log = Log()
+    log.turn_start(1)
+    log.start("c1", turn=1)
+    log.turn_end(1)
+    state, _ = log.run()
+    legacy = copy.deepcopy(state)
+    legacy["internal"]["pendingCrossing"] = ["turn.enclosure", "turn 1 ended at seq 3 while its compaction 'c1' still held the lock"]
+    for e in legacy["record"]["compactions"]:
+        e.pop("crossing")  # that version's entries had no crossing field
+    closing = log.end("c1", turn=1, error="cancelled")
+    closed, vs = step(legacy, log.events[-1])
+    assert [(v.rule, v.seq) for v in vs] == [("turn.enclosure", closing)]
+    assert "pendingCrossing" not in closed["internal"]
+    excused, vs = step(legacy, {**log.events[-1], "type": END_SEED, "data": {"json": "{}"}})
+    assert vs == [] and "pendingCrossing" not in excused["internal"]  # an orphan: excused, as then
 
 
 def test_standalone_bracket_is_not_crossed_by_surface_appends():

@@ -15,7 +15,7 @@ LEDGER_FIELDS = {"sessionId", "lastSeq", "openCompactionId", "compactions", "tok
                  "tokensSaved", "violationCount", "errorCount"}
 COMPACTION_FIELDS = {"compactionId", "sourceCommandId", "turn", "startSeq", "summarySeq", "endSeq", "shadowedRange",
                      "shadowedSeqs", "shadowedTokenCount", "summaryTokens", "provider", "model", "maxTokens", "usage",
-                     "durationMs", "error", "status"}
+                     "durationMs", "error", "status", "crossing"}
 
 
 class Log:

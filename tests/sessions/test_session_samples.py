@@ -37,6 +37,17 @@ def test_broken_sessions_produce_exactly_their_labels(scenario, seed):
     assert state["record"]["violationCount"] == len(s.expected)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_orphan_crossing_scenario_is_reported_then_retracted(seed):
+    s = samples.broken_session("turn.orphan_crossing_retracted", seed)
+    state, vs = replay(s.events)
+    (v,) = vs
+    assert next(e for e in s.events if e["seq"] == v.seq)["type"] == "turn/end"  # reported at the boundary
+    (crossed,) = [c for c in state["record"]["compactions"] if c["crossing"] is not None]
+    assert crossed["crossing"] == {"seq": v.seq, "rule": "turn.enclosure", "retracted": True}
+    assert crossed["error"].startswith("orphaned:") and "retracted" in crossed["error"]
+
+
 def test_every_rule_has_a_scenario():
     covered = {r for sc in samples.SCENARIOS for r in samples.broken_session(sc, 0).expected}
     assert covered == set(RULES)
