@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .core.limits import DEFAULT_LIMITS, Limits
+from .core.limits import DEFAULT_LIMITS, MAX_JSON_DEPTH_CEILING, Limits
 
 PREFIX = "MEMSTREAM_"
 
@@ -92,6 +92,7 @@ class Settings:
     http_header_timeout_s: float = field(default=10.0, metadata={"doc": "A new HTTP connection that has not sent a complete request head within this many seconds is closed (slow or half-open clients)."})
     http_read_timeout_s: float = field(default=30.0, metadata={"doc": "A request body that has not arrived within this many seconds is answered 408."})
     http_idle_timeout_s: float = field(default=75.0, metadata={"doc": "An HTTP connection with no request in flight (keep-alive, or never used) is closed after this many seconds."})
+    http_max_body_bytes: int = field(default=1024 * 1024, metadata={"doc": "Largest HTTP request body a worker reads (bytes); a larger one is answered 413, from its Content-Length before any of it is read, or as soon as a body without one passes the limit."})
     http_max_connections: int = field(default=1000, metadata={"doc": "Most open HTTP connections per worker; a connection beyond it is closed at once (forwarding between workers uses connections too)."})
     graph_stall_ms: int = field(default=15 * 60 * 1000, metadata={"doc": "A graph node running longer than this (ms) is flagged stalled."})
     timer_interval_s: float = field(default=30.0, metadata={"doc": "Seconds between runs of the partition-local housekeeping timers."})
@@ -112,6 +113,7 @@ class Settings:
     max_shadowed_seqs: int = field(default=DEFAULT_LIMITS.max_shadowed_seqs, metadata={"doc": "Most `shadowedSeqs` / `sourceEventSeqs` in one session event."})
     max_ledger_shadowed_seqs: int = field(default=DEFAULT_LIMITS.max_ledger_shadowed_seqs, metadata={"doc": "Most shadowed seqs kept over all compactions of one session ledger (the oldest closed compactions are trimmed first)."})
     max_error_chars: int = field(default=DEFAULT_LIMITS.max_error_chars, metadata={"doc": "A compaction's `error` text is stored cut to this many characters."})
+    max_json_depth: int = field(default=DEFAULT_LIMITS.max_json_depth, metadata={"doc": "Most levels arrays and objects may nest in JSON carried inside a record (a session event's `json` data, a graph-log line); checked before parsing, so a hostile document is dead-lettered with this limit named, not a parser crash. 1..512."})
     max_future_skew_ms: int = field(default=DEFAULT_LIMITS.max_future_skew_ms, metadata={"doc": "A memory input (event, candidate, turn, negotiator request) whose `timestamp` or `valid_from` is later than its Kafka record timestamp plus this many ms, or earlier than 2000-01-01, is dead-lettered (`invalid_time`). The Kafka record timestamp, not the clock, so a replay decides the same."})
     # --- the graph-log shipper (memstream ship-graph-logs) ---------------------------------
     shipper_offsets_dir: str = field(default="var/shipper", metadata={"doc": "Where `ship-graph-logs` looks for an offsets file of its earlier (pre-transactions) version to import once (`<shipper id>.offsets.json`) unless --offsets names one; positions now live in `shipper.positions.v1`."})
@@ -160,9 +162,11 @@ class Settings:
                                 f"{', '.join(STANDBY_APPLIERS)}")
         for name in ("loaded_nodes_max", "housekeeping_max_rows_per_tick",  # bounds: 0 would bound nothing
                      "restore_ahead_batch_bytes", "fetch_min_bytes", "fetch_max_wait_ms", "fetch_quiet_ms",
-                     "standby_batch_max"):  # (the broker refuses < 0)
+                     "standby_batch_max", "http_max_body_bytes"):  # (the broker refuses < 0)
             if getattr(self, name) < 1:
                 raise SettingsError(f"MEMSTREAM_{name.upper()}={getattr(self, name)} must be at least 1")
+        if not 1 <= self.max_json_depth <= MAX_JSON_DEPTH_CEILING:  # the parser recurses per level
+            raise SettingsError(f"MEMSTREAM_MAX_JSON_DEPTH={self.max_json_depth} must be between 1 and {MAX_JSON_DEPTH_CEILING}")
         for name in ("prefill_nodes", "row_cache_bytes"):  # 0: none
             if getattr(self, name) < 0:
                 raise SettingsError(f"MEMSTREAM_{name.upper()}={getattr(self, name)} must be 0 (none) or more")

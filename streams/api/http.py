@@ -35,9 +35,10 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import wraps
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import aiohttp
+import aiohttp.web
 import orjson
 from aiokafka.partitioner import murmur2
 from faust.app.router import Router
@@ -104,6 +105,10 @@ class BadRequest(Exception):
 
 class BodyTimeout(Exception):
     """The request body did not arrive within the read timeout (408)."""
+
+
+class BodyTooLarge(Exception):
+    """The request body is over MEMSTREAM_HTTP_MAX_BODY_BYTES (413)."""
 
 
 #: Write scopes a token may carry (reading is governed by its sensitivity level alone).
@@ -280,6 +285,10 @@ def parse_ms(query: Mapping[str, str], name: str, default: int | None = None) ->
     return value
 
 
+def _too_large(what: str, cap: int) -> str:
+    return f"{what} is over the {cap}-byte limit of a request body (MEMSTREAM_HTTP_MAX_BODY_BYTES)"
+
+
 def json_body(data: Any) -> bytes:
     return orjson.dumps(data)
 
@@ -301,6 +310,7 @@ class ApiView(View):
     Faust's and turns an unexpected exception into an empty 500): tests/api/test_views.py."""
 
     read_timeout_s: float = 30.0  #: MEMSTREAM_HTTP_READ_TIMEOUT_S (install_server_limits)
+    max_body_bytes: int = 1024 * 1024  #: MEMSTREAM_HTTP_MAX_BODY_BYTES (install_server_limits)
 
     @property
     def runtime(self) -> Runtime:
@@ -333,6 +343,9 @@ class ApiView(View):
             raise
         except BodyTimeout as exc:
             return self.problem(408, str(exc))
+        except BodyTooLarge as exc:  # the client's mistake, not the worker's: no traceback, no warning
+            log.info("%s %s: %s", request.method, request.path, exc)
+            return self.problem(413, str(exc), {"Connection": "close"})
         except Exception:  # noqa: BLE001 - the one place a view's bug becomes a 500
             log.exception("%s %s failed", request.method, request.path)
             return self.bytes(b"", status=500)
@@ -347,9 +360,26 @@ class ApiView(View):
         return None
 
     async def read_body(self, request: Request) -> bytes:
-        """The request body, within the read timeout (BodyTimeout: answer 408)."""
+        """The request body, within the read timeout (BodyTimeout: answer 408) and the size limit
+        (BodyTooLarge: answer 413). A declared Content-Length over the limit is refused before a
+        byte is read; a body without one is read until it passes the limit."""
+        cap = self.max_body_bytes
+        raw = cast("aiohttp.web.BaseRequest", request)  # Faust's aiohttp driver hands over aiohttp's request
+        declared = raw.content_length
+        if declared is not None and declared > cap:
+            raise BodyTooLarge(_too_large(f"Content-Length {declared}", cap))
+
+        async def capped() -> bytes:
+            chunks, size = [], 0
+            async for chunk in raw.content.iter_any():
+                size += len(chunk)
+                if size > cap:
+                    raise BodyTooLarge(_too_large("the body", cap))
+                chunks.append(chunk)
+            return b"".join(chunks)
+
         try:
-            return await asyncio.wait_for(request.read(), self.read_timeout_s)
+            return await asyncio.wait_for(capped(), self.read_timeout_s)
         except TimeoutError:
             raise BodyTimeout(f"the request body did not arrive within {self.read_timeout_s:g} s") from None
 
@@ -457,6 +487,7 @@ def authenticated(fun: Callable[..., Awaitable[Response]] | None = None, *,
 class ServerLimits:
     header_timeout_s: float  #: a new connection must send a whole request head within this
     read_timeout_s: float  #: a request body must arrive within this (else 408)
+    max_body_bytes: int  #: a request body over this is answered 413
     idle_timeout_s: float  #: a connection with no request in flight is closed after this
     max_connections: int  #: open connections per worker; one more is closed at once
 
@@ -511,3 +542,4 @@ def install_server_limits(app: Any, limits: ServerLimits) -> None:
     faust_internals.install_web_runner(
         app, lambda web_app: LimitedRunner(web_app, access_log=None, keepalive_timeout=limits.idle_timeout_s))
     ApiView.read_timeout_s = limits.read_timeout_s
+    ApiView.max_body_bytes = limits.max_body_bytes

@@ -65,6 +65,7 @@ class Limits:
     max_shadowed_seqs: int = 1024
     max_ledger_shadowed_seqs: int = 8192
     max_error_chars: int = 512
+    max_json_depth: int = 64
     max_future_skew_ms: int = 24 * 60 * 60 * 1000
 
     @classmethod
@@ -118,6 +119,39 @@ def check_bytes(what: str, text: str, limits: Limits, name: str) -> str:
         size = utf8_len(text)
         if size > limit:
             raise _over(name, what, size, "bytes", limit)
+    return text
+
+
+#: a JSON string (escapes included) or one bracket: what nesting depth is counted from
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+#: the parser recurses once per level: a limit above this could reach Python's recursion limit
+MAX_JSON_DEPTH_CEILING = 512
+
+
+def json_depth(text: str) -> int:
+    """How deep arrays and objects nest in JSON ``text``, found without parsing it (brackets
+    inside strings do not count). Never recurses, so a hostile 10,000-deep document costs one
+    scan; a text without brackets costs two ``str.count`` calls."""
+    if not (text.count("[") or text.count("{")):
+        return 0
+    depth = deepest = 0
+    for m in _JSON_TOKEN.finditer(text):
+        token = m.group()
+        if token == "[" or token == "{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token == "]" or token == "}":
+            depth -= 1
+    return deepest
+
+
+def check_json_depth(what: str, text: str, limits: Limits) -> str:
+    """``text`` if its arrays and objects nest at most ``limits.max_json_depth`` deep, else
+    :class:`LimitExceeded` (``limit.json_depth``). Run it before ``json.loads`` on an input:
+    the parser recurses per level and a deep enough document raises ``RecursionError``."""
+    limit = limits.max_json_depth
+    if text.count("[") + text.count("{") > limit and (depth := json_depth(text)) > limit:
+        raise _over("max_json_depth", what, depth, "levels deep", limit)
     return text
 
 

@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from streams.core.limits import DEFAULT_LIMITS, LimitExceeded, Limits, check_json_depth
+
 GRAPH_EVENT_TYPES = ("node_dispatched", "node_completed", "phase_change", "budget_update", "notification_degraded")
 FILE_PREFIX = "graph-events-"
 FILE_SUFFIX = ".ndjson"
@@ -71,7 +73,8 @@ def belongs_to_file(path_or_name: str | os.PathLike[str], graph_id: str) -> bool
 @dataclass(frozen=True)
 class ParseError:
     """Why a line is not a GraphEvent. ``kind`` is one of: ``empty``, ``encoding``,
-    ``corrupt_json``, ``not_object``, ``missing_field``, ``wrong_type``, ``unknown_event``."""
+    ``limit.json_depth``, ``corrupt_json``, ``not_object``, ``missing_field``, ``wrong_type``,
+    ``unknown_event``."""
 
     kind: str
     message: str
@@ -160,8 +163,9 @@ def validate_record(obj: Any) -> dict[str, Any] | ParseError:
     return out
 
 
-def parse_line(line: str | bytes) -> dict[str, Any] | ParseError:
-    """Parse one ndjson line (trailing newline allowed). Never raises."""
+def parse_line(line: str | bytes, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any] | ParseError:
+    """Parse one ndjson line (trailing newline allowed). Never raises: a line whose JSON nests
+    deeper than ``limits.max_json_depth`` is the error ``limit.json_depth``."""
     if isinstance(line, (bytes, bytearray)):
         try:
             line = bytes(line).decode("utf-8")
@@ -171,9 +175,15 @@ def parse_line(line: str | bytes) -> dict[str, Any] | ParseError:
     if not text:
         return ParseError("empty", "blank line")
     try:
+        check_json_depth("line", text, limits)  # before json.loads, which recurses per level
+    except LimitExceeded as e:
+        return ParseError(e.code, e.detail)
+    try:
         obj = json.loads(text)
     except ValueError as e:  # JSONDecodeError, and e.g. huge-int conversion errors
         return ParseError("corrupt_json", f"not JSON: {e}")
+    except RecursionError:  # only with a depth limit set above what the parser can recurse
+        return ParseError("limit.json_depth", "line nests deeper than the JSON parser can go")
     return validate_record(obj)
 
 

@@ -115,7 +115,8 @@ class Runtime:
         _only_documented_pages(self.app)
         install_server_limits(self.app, ServerLimits(
             header_timeout_s=settings.http_header_timeout_s, read_timeout_s=settings.http_read_timeout_s,
-            idle_timeout_s=settings.http_idle_timeout_s, max_connections=settings.http_max_connections))
+            idle_timeout_s=settings.http_idle_timeout_s, max_connections=settings.http_max_connections,
+            max_body_bytes=settings.http_max_body_bytes))
         self.app.memstream_runtime = self
         # A batch writes its table rows in one burst; Faust's default (pause the stream at 100
         # buffered messages and drain them one by one) would throttle every batch.

@@ -110,7 +110,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from streams.core.limits import DEFAULT_LIMITS, LimitExceeded, Limits, check_chars, check_count, check_id, quote
+from streams.core.limits import (
+    DEFAULT_LIMITS,
+    LimitExceeded,
+    Limits,
+    check_chars,
+    check_count,
+    check_id,
+    check_json_depth,
+    quote,
+)
 
 from .tokens import price_message
 
@@ -352,7 +361,7 @@ def _data(event: Mapping[str, Any]) -> dict[str, Any] | None:
             return {}
         try:
             decoded = json.loads(raw)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):  # RecursionError: a depth limit set past the parser's
             return None
         return decoded if isinstance(decoded, dict) else None
     return dict(data)
@@ -391,6 +400,15 @@ def _trim(ctx: _Ctx) -> None:
 
 _LABEL_FIELDS = ("compactionId", "sourceCommandId", "provider", "model")
 _SEQ_LISTS = ("shadowedSeqs", "sourceEventSeqs")
+
+
+def _check_json_depth(event: Mapping[str, Any], limits: Limits) -> None:
+    """Raise LimitExceeded when a GenericEvent's ``json`` nests deeper than ``max_json_depth``."""
+    data = event.get("data")
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        data = data[1]
+    if isinstance(data, Mapping) and isinstance(raw := data.get("json"), str):
+        check_json_depth("data.json", raw, limits)
 
 
 def _check_limits(ctx: _Ctx, event: Mapping[str, Any], data: Mapping[str, Any] | None) -> None:
@@ -451,8 +469,9 @@ def step(state: Mapping[str, Any] | None, event: Mapping[str, Any],
     ctx.rec["lastSeq"] = seq
 
     typ = ctx.type
-    data = _data(event)
     try:
+        _check_json_depth(event, limits)  # before _data parses it: the parser recurses per level
+        data = _data(event)
         check_id("sessionId", sid, limits)
         _check_limits(ctx, event, data)
     except LimitExceeded as exc:

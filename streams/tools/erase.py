@@ -31,8 +31,10 @@ class EraseError(RuntimeError):
 
 
 def erase(settings: Settings, motebit_id: str, request_id: str | None = None, wait_s: float | None = None,
-          out: TextIO = sys.stdout) -> int:
-    """Send the request; with `wait_s`, wait that long for its receipt and print it (JSON)."""
+          out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """Send the request; with `wait_s`, wait that long for its receipt and print it (JSON) on
+    `out`. What a person reads (the request was sent, where) goes to `err`: `out` carries the
+    receipt alone, so `memstream erase --wait … | jq` works."""
     from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
     from streams.contracts.wire import CodecFactory, RegistryError
@@ -69,7 +71,7 @@ def erase(settings: Settings, motebit_id: str, request_id: str | None = None, wa
     except KafkaException as exc:
         raise EraseError(f"cannot reach Kafka at {settings.broker} ({exc}); is the stack up? (`memstream dev status`)") from None
     print(f"erase request {record['request_id']} for {motebit_id} sent to {catalog.ERASE_REQUESTS} "
-          f"(partition {partition})", file=out)
+          f"(partition {partition})" + ("; waiting for its receipt" if wait_s is not None else ""), file=err)
     if wait_s is None:
         return 0
     try:

@@ -79,6 +79,7 @@ from typing import NoReturn, Protocol
 
 from streams.contracts import catalog, deadletter
 from streams.contracts.wire import CodecFactory, RegistryError, WireFormatError, encode_key
+from streams.core.limits import DEFAULT_LIMITS, Limits
 from streams.graphs import paths
 from streams.graphs.shipper_state import (
     HEADER_LINE_ID,
@@ -457,7 +458,8 @@ class Shipper:
 
     def __init__(self, directory: str | os.PathLike[str], sink: Sink, codecs: CodecFactory, *,
                  batch_lines: int = 500, read_bytes: int = READ_BYTES, worker: str | None = None,
-                 clock: Callable[[], float] = time.time, positions: dict[str, Position] | None = None) -> None:
+                 clock: Callable[[], float] = time.time, positions: dict[str, Position] | None = None,
+                 limits: Limits = DEFAULT_LIMITS) -> None:
         if not 1 <= batch_lines <= RECENT_IDS:
             raise ShipperError(f"batch size {batch_lines} lines is out of range 1..{RECENT_IDS} (a transaction's lines must "
                                "fit the graph agent's duplicate window); fix MEMSTREAM_SHIPPER_BATCH_LINES")
@@ -467,6 +469,7 @@ class Shipper:
         self.read_bytes = read_bytes
         self.worker = worker or f"shipper@{socket.gethostname()}"
         self.clock = clock
+        self.limits = limits
         self._event_codec = codecs.codec(catalog.topic(catalog.GRAPH_EVENTS).value_schema)
         self._dlq_codec = codecs.codec(catalog.topic(catalog.DLQ).value_schema)
         self.positions: dict[str, Position] = dict(positions) if positions is not None else {}
@@ -550,7 +553,7 @@ class Shipper:
             lid = line_id(name, line.start, line.data)
             headers = [(HEADER_LINE_ID, lid.encode()), (HEADER_SOURCE_FILE, name.encode()),
                        (HEADER_SOURCE_OFFSET, str(line.start).encode())]
-            parsed = paths.parse_line(line.data)
+            parsed = paths.parse_line(line.data, self.limits)
             if isinstance(parsed, paths.ParseError):
                 self._dead_letter(name, line, headers, f"line at byte {line.start} of {name} is not a graph event: {parsed}",
                                   f"ship.{parsed.kind}")
@@ -695,7 +698,7 @@ def open_shipper(directory: str | os.PathLike[str], settings: Settings, offsets_
         if kafka is not None:
             kafka.start()  # fences an earlier shipper with this id, settles its open transaction
         shipper = Shipper(directory, sink, codecs, batch_lines=settings.shipper_batch_lines,
-                          positions=sink.load_positions())
+                          positions=sink.load_positions(), limits=settings.limits())
         _import_offsets_file(shipper, offsets_path or default_offsets_path(settings, directory), offsets_path is not None)
         log.info("shipping %s/graph-events-*.ndjson to %s as shipper %s (transactional id %s%s)", directory,
                  catalog.GRAPH_EVENTS, shipper_id, TRANSACTIONAL_ID_PREFIX, shipper_id)

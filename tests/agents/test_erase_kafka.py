@@ -203,7 +203,8 @@ def test_cli_erase_waits_for_the_receipt_and_refuses_a_bad_id(stack, unique):
                 [(user, candidate(user, f"c-{unique}-{i}", BASE_TS + i, t)) for i, t in enumerate(texts)])
         consume(stack, catalog.MEMORY_NODES, lambda out: sum(1 for m in out if str(m["key"]).startswith(user)) >= 3)
         done = memstream("erase", user, "--request-id", f"cli-{unique}", "--wait", "120")
-    receipt = json.loads(done.stdout[done.stdout.index("{"):])
+    receipt = json.loads(done.stdout)  # stdout is the receipt alone: the human line is on stderr
+    assert f"erase request cli-{unique} for {user} sent to" in done.stderr
     assert (receipt["motebit_id"], receipt["request_id"], receipt["nodes_erased"], receipt["requested_by"]) == \
         (user, f"cli-{unique}", 3, "cli")
     bad = memstream("erase", "no/slashes", check=False)

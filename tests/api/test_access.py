@@ -6,6 +6,7 @@ operations routes)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -243,3 +244,53 @@ def test_erase_refuses_a_hostile_body_before_anything_is_sent():
 
     for body, status, text in asyncio.run(probe()):
         assert status == 400 and "error" in text, (body, status, text)
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_body_over_the_limit_is_413_naming_the_limit_and_logs_nothing_above_info(declared, caplog):
+    """With a Content-Length over MEMSTREAM_HTTP_MAX_BODY_BYTES the body is refused before it is
+    read; a chunked body (no Content-Length) as soon as it passes the limit. Either way: 413 with
+    the limit and its setting in the message, no ERROR traceback, no WARNING."""
+    rt = Runtime(Settings(registry_url="", partitions=3, api_tokens="t:none:negotiator", http_max_body_bytes=1000))
+    register_all(rt)
+    body = b'{"description": "' + b"x" * 5000 + b'"}'
+
+    async def probe() -> tuple[int, str]:
+        async with TestClient(TestServer(rt.app.web.web_app, host="127.0.0.1", port=free_port())) as client:
+            async def chunks():
+                for i in range(0, len(body), 512):
+                    yield body[i:i + 512]
+
+            data = body if declared else chunks()
+            r = await client.post("/v1/negotiator/u-1/forget", data=data,
+                                  headers={"Authorization": "Bearer t", "Content-Type": "application/json"})
+            return r.status, await r.text()
+
+    caplog.set_level(logging.DEBUG)
+    status, text = asyncio.run(probe())
+    assert status == 413, text
+    assert "1000-byte limit" in text and "MEMSTREAM_HTTP_MAX_BODY_BYTES" in text
+    assert ("Content-Length 5" in text) == declared
+    loud = [r for r in caplog.records if r.levelno > logging.INFO]
+    assert loud == [], [r.getMessage() for r in loud]
+
+
+def test_a_body_within_the_limit_is_read_whole():
+    rt = Runtime(Settings(registry_url="", partitions=3, api_tokens="adm:secret:admin", http_max_body_bytes=64))
+    register_all(rt)
+    rt.app.web.init_server()
+
+    async def probe() -> tuple[int, str]:
+        async with TestClient(TestServer(rt.app.web.web_app, host="127.0.0.1", port=free_port())) as client:
+            # exactly at the limit, and not JSON: read whole, then refused as a bad body (400), not 413
+            r = await client.post("/v1/memory/u-1/erase", data=b"n" * 64,
+                                  headers={"Authorization": "Bearer adm", "Content-Type": "application/json"})
+            return r.status, await r.text()
+
+    status, text = asyncio.run(probe())
+    assert status == 400 and "not JSON" in text, text
+
+
+def test_the_body_limit_must_be_positive():
+    with pytest.raises(SettingsError, match="MEMSTREAM_HTTP_MAX_BODY_BYTES=0 must be at least 1"):
+        Settings(http_max_body_bytes=0)

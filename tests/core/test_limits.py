@@ -12,7 +12,18 @@ from hypothesis import strategies as st
 
 from streams.core import UserMemory, process_candidate, process_event
 from streams.core.ingest import validate_candidate, validate_event, validate_turn
-from streams.core.limits import ID_CHARSET, QUOTE_CHARS, Limits, check_id, is_valid_id, quote, setting_name
+from streams.core.limits import (
+    ID_CHARSET,
+    QUOTE_CHARS,
+    LimitExceeded,
+    Limits,
+    check_id,
+    check_json_depth,
+    is_valid_id,
+    json_depth,
+    quote,
+    setting_name,
+)
 from streams.core.negotiator import handle_request, validate_request
 from streams.graphs import state as graph_state
 from streams.sessions import lifecycle
@@ -433,3 +444,78 @@ def test_default_graph_row_bound():
         st_ = graph_state.apply(st_, gev("node_dispatched", nodeId=f"{i:04d}" + "n" * 124, agent="a" * 128,
                                          status="s" * 128, ts=i), None, event_id=f"{i:04d}" + "e" * 124, limits=lim)
     assert len(json.dumps(st_)) < 800_000
+
+
+# ----------------------------------------------------------------------------- JSON nesting depth
+def _depth(value) -> int:
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    return 0
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab,:'),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(alphabet='[]{}"\\ab'), inner, max_size=4),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json_values, st.sampled_from([None, 2]))
+def test_json_depth_counts_the_nesting_a_parser_sees_and_skips_brackets_inside_strings(value, indent):
+    text = json.dumps(value, indent=indent)
+    assert json_depth(text) == _depth(value)
+
+
+@pytest.mark.parametrize("depth", [10_000, 100_000])
+def test_a_hostile_depth_is_refused_before_any_parser_recurses(depth):
+    text = "[" * depth + "]" * depth
+    with pytest.raises(LimitExceeded) as exc:
+        check_json_depth("data.json", text, Limits())
+    assert exc.value.code == "limit.json_depth"
+    assert f"data.json is {depth} levels deep; MEMSTREAM_MAX_JSON_DEPTH is 64" in str(exc.value)
+
+
+def test_the_json_depth_limit_is_inclusive_and_configurable():
+    at = "[" * 64 + "]" * 64
+    assert check_json_depth("x", at, Limits()) == at
+    with pytest.raises(LimitExceeded):
+        check_json_depth("x", "[" + at + "]", Limits())
+    assert check_json_depth("x", "[" + at + "]", Limits(max_json_depth=65))
+    with pytest.raises(LimitExceeded):
+        check_json_depth("x", '{"a": {"b": 1}}', Limits(max_json_depth=1))
+    flat = '{"s": "' + "[" * 5000 + '"}'  # brackets inside a string are not nesting
+    assert check_json_depth("x", flat, Limits()) == flat
+
+
+def test_a_session_event_with_deeply_nested_json_is_a_rule_violation_not_a_crash():
+    from streams.sessions import lifecycle
+
+    deep = "[" * 10_000 + "]" * 10_000
+    event = {"sessionId": "s-1", "seq": 1, "type": "ui/nested", "ts": 1, "ignorable": True, "data": {"json": deep}}
+    state, vs = lifecycle.step(None, event)
+    assert [(v.rule, v.seq) for v in vs] == [("event.over_limit", 1)]
+    assert "limit.json_depth" in vs[0].message and "MEMSTREAM_MAX_JSON_DEPTH is 64" in vs[0].message
+    assert state["record"]["lastSeq"] == 1 and state["record"]["violationCount"] == 1  # tracked on
+    ok = {**event, "seq": 2, "data": {"json": '{"a": ' + "[" * 63 + "]" * 63 + "}"}}  # 64 deep
+    assert lifecycle.step(state, ok)[1] == []
+
+
+def test_a_graph_log_line_with_deeply_nested_json_is_a_parse_error_not_a_crash():
+    from streams.graphs import paths
+
+    line = '{"a":' * 10_000 + "1" + "}" * 10_000
+    err = paths.parse_line(line)
+    assert isinstance(err, paths.ParseError) and err.kind == "limit.json_depth"
+    assert "MEMSTREAM_MAX_JSON_DEPTH is 64" in str(err)
+    assert isinstance(paths.parse_line(line, Limits(max_json_depth=10_001)), paths.ParseError)  # corrupt, still no crash
+
+
+@pytest.mark.parametrize("depth", [0, 513])
+def test_the_json_depth_setting_stays_below_the_parsers_recursion(depth):
+    from streams.settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError, match=f"MEMSTREAM_MAX_JSON_DEPTH={depth} must be between 1 and 512"):
+        Settings(max_json_depth=depth)

@@ -464,6 +464,13 @@ class DataSet:
             over_limit(S, sid, rec, "event.over_limit", "event.over_limit",
                        "compactionId is 200 characters; MEMSTREAM_MAX_LABEL_CHARS is 128")
 
+        def session_json_too_deep(i):  # json.loads would recurse 10,000 levels: RecursionError
+            sid = f"s-deep-{u}-{i}"
+            rec = {**session_event(sid, 1, un + i), "type": "ui/nested", "ignorable": True,
+                   "data": {"json": "[" * 10_000 + "]" * 10_000}}
+            over_limit(S, sid, rec, "event.over_limit", "event.over_limit:json_depth",
+                       "data.json is 10000 levels deep; MEMSTREAM_MAX_JSON_DEPTH is 64")
+
         def session_id_slash(i):
             sid = f"s-{u}/{i}"
             over_limit(S, sid, session_event(sid, 1, un + i), "invalid_id", "invalid_id:session", "has '/'")
@@ -480,6 +487,7 @@ class DataSet:
             "invalid_id:motebit_id": user_with_slash,
             "limit.id_chars:motebit_id": user_too_long,
             "event.over_limit": session_label_over,
+            "event.over_limit:json_depth": session_json_too_deep,
             "invalid_id:session": session_id_slash,
             "invalid_id:graph": graph_id_slash,
             "missing_sensitivity": cand("missing_sensitivity", sensitivity=None),

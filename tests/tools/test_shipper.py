@@ -184,10 +184,11 @@ def test_a_line_too_large_to_send_is_dead_lettered_with_its_start(tmp_path):
     rec = DLQ.decode(sink.dead_letters()[0]["value"])
     assert rec["error_class"] == "ship.too_large" and "too large" in rec["reason"]
     assert len(rec["original_value"]) == 64 * 1024 and "first 65536 of" in rec["reason"]
-    write(path, "{" * 200_000 + "\n")  # a huge corrupt line: its dead letter is cut to fit as well
+    write(path, "{" * 200_000 + "\n")  # a huge hostile line (refused by its nesting, unparsed): cut to fit as well
     report = make_shipper(tmp_path, sink).ship_once()
     rec = DLQ.decode(sink.dead_letters()[1]["value"])
-    assert rec["error_class"] == "ship.corrupt_json" and len(rec["original_value"]) == 64 * 1024
+    assert rec["error_class"] == "ship.limit.json_depth" and len(rec["original_value"]) == 64 * 1024
+    assert "200000 levels deep; MEMSTREAM_MAX_JSON_DEPTH is 64" in rec["reason"]
 
 
 def test_each_batch_commits_its_lines_with_the_files_position(tmp_path):
