@@ -28,11 +28,13 @@ demo: $(STAMP)
 test: $(STAMP) lint browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# ruff (rules in pyproject.toml) then mypy (files and strictness in pyproject.toml); the
+# ruff (rules in pyproject.toml), mypy (files and strictness in pyproject.toml), then no import
+# circle between modules or packages (scripts/import_graph.py --check); the
 # mechanical fixes ruff asks for (import order, pyupgrade, absolute imports): scripts/lint-fix.sh
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(PY) scripts/import_graph.py --check
 
 # the fault suite alone (`make test` runs it too; MEMSTREAM_FAULT_SUITE=0 skips it there)
 test-faults: $(STAMP)

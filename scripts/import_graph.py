@@ -3,11 +3,15 @@
     python scripts/import_graph.py            # summary: counts, flat modules per package, cycles
     python scripts/import_graph.py --edges    # every arrow "a -> b", one per line
     python scripts/import_graph.py --dot      # Graphviz
+    python scripts/import_graph.py --check    # exit 1 on any circle, between modules or packages (`make lint`)
 
 Reads the source with `ast` (nothing is imported or run). An arrow a -> b means module a imports
 module b of the package (any `import`/`from ... import`, at module level or inside a function:
 both couple the modules; `if TYPE_CHECKING:` imports are counted separately, they do not run).
-A cycle is a strongly connected component of more than one module over the runtime arrows.
+A cycle is a strongly connected component of more than one module over the runtime arrows. The
+same is measured between packages (`streams.runtime`, `streams.api`, `streams.agents`, …; a module
+directly under `streams` is its own node): an arrow between two packages is any arrow between
+their modules, so a package circle is a layer that points up.
 """
 
 from __future__ import annotations
@@ -126,13 +130,41 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def package_of(module: str, known: dict[str, Path]) -> str:
+    """`streams.runtime.app` -> `streams.runtime`; a module directly under the package
+    (`streams.settings`) is its own node."""
+    parts = module.split(".")
+    if len(parts) > 2 or (len(parts) == 2 and known.get(module, Path()).name == "__init__.py"):
+        return ".".join(parts[:2])
+    return module
+
+
+def package_arrows(runtime: dict[str, set[str]], known: dict[str, Path]) -> dict[str, dict[str, list[str]]]:
+    """{package a: {package b: ["module -> module", ...]}} for every arrow between two packages."""
+    out: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for a, targets in runtime.items():
+        for b in targets:
+            pa, pb = package_of(a, known), package_of(b, known)
+            if pa != pb:
+                out[pa][pb].append(f"{a} -> {b}")
+    return out
+
+
+def package_cycles(runtime: dict[str, set[str]], known: dict[str, Path]) -> list[list[str]]:
+    arrows = package_arrows(runtime, known)
+    return cycles({a: set(bs) for a, bs in arrows.items()})
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--edges", action="store_true", help="print every runtime arrow")
     ap.add_argument("--dot", action="store_true", help="print the graph in Graphviz format")
+    ap.add_argument("--check", action="store_true", help="exit 1 (naming the arrows) on any module or package circle")
     args = ap.parse_args(argv)
     known = modules()
     runtime, typing_only = imports(known)
+    if args.check:
+        return check(runtime, known)
     if args.edges:
         for a in sorted(runtime):
             for b in sorted(runtime[a]):
@@ -158,7 +190,26 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cycles: {len(found)}")
     for c in found:
         print("  " + " <-> ".join(c))
+    between = package_cycles(runtime, known)
+    print(f"package cycles: {len(between)}")
+    for c in between:
+        print("  " + " <-> ".join(c))
     return 0
+
+
+def check(runtime: dict[str, set[str]], known: dict[str, Path]) -> int:
+    """0 when no circle exists; else 1, each circle on stderr with the arrows that close it."""
+    problems = [f"import circle between modules: {' <-> '.join(c)}" for c in cycles(runtime)]
+    arrows = package_arrows(runtime, known)
+    for circle in package_cycles(runtime, known):
+        members = set(circle)
+        inside = [f"    {arrow}" for a in circle for b in sorted(arrows[a]) if b in members for arrow in sorted(arrows[a][b])]
+        problems.append(f"import circle between packages: {' <-> '.join(circle)}; the arrows:\n" + "\n".join(inside))
+    for p in problems:
+        print(f"import_graph: {p}", file=sys.stderr)
+    if problems:
+        print("import_graph: layers must point down (streams/composition.py wires them)", file=sys.stderr)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

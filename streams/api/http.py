@@ -8,18 +8,12 @@ forget, `ops`: the cluster assignment) and may be bound to users. A request with
 token gets 401; one whose token lacks the scope or may not act for the route's user gets 403
 (`authenticated`, `permit`). Views subclass `ApiView`; each API area is one Faust blueprint in
 streams/api/ (memory, sessions, graphs, analytics, dashboard, health), registered on the worker's
-app by the composition root (`streams.agents.register_all`). A blueprint's views are created once
+app by the composition root (`streams.composition.register_all`). A blueprint's views are created once
 per app and reach that worker's `Runtime` through it (`runtime_of`, `ApiView.runtime`): its
 tables, its settings and its token table.
 
-Routing (one path for every view, `ApiView.answer_at_owner`): the partition of a key is murmur2 of its
-changelog key bytes modulo the table's partition count — computed here, not asked of the Kafka
-client (Faust's own router asks the producer for the changelog topic's metadata, which it only has
-once this worker has written to that topic: on a fresh stack that was a `TypeError` and a 500) —
-and the owner of that partition is read from the partition assignor's table of changelog
-partition → worker URL, which every member receives with its assignment. `PartitionRouter`
-replaces Faust's router with this, so `app.router.key_store` uses it too (Faust's `/router/`
-views are not served: streams/runtime/app.py). When no owner is known (before the first assignment, during a rebalance) or the owner cannot
+Routing (one path for every view, `ApiView.answer_at_owner`): the worker that owns a key's
+partition is found by the runtime's router (streams/runtime/web.py `PartitionRouter`). When no owner is known (before the first assignment, during a rebalance) or the owner cannot
 be reached, the answer is 503 with `Retry-After: RETRY_AFTER_S`; a forwarded request that
 arrives at a worker which does not own the key either (ownership moved in between) is not
 forwarded again: 503 + Retry-After. An unexpected exception in a view is logged and answered
@@ -32,6 +26,7 @@ import asyncio
 import inspect
 import logging
 import re
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import wraps
@@ -40,14 +35,10 @@ from typing import TYPE_CHECKING, Any, cast
 import aiohttp
 import aiohttp.web
 import orjson
-from aiokafka.partitioner import murmur2
-from faust.app.router import Router
 from faust.web import Request, Response, View
-from yarl import URL
 
 from streams.core.ingest import REDACTED_CONTENT
 from streams.core.vocabulary import SENSITIVITY_LEVELS, sensitivity_rank
-from streams.runtime import faust_internals
 
 if TYPE_CHECKING:
     from streams.runtime.app import Runtime
@@ -58,41 +49,6 @@ RETRY_AFTER_S = 1  #: seconds a 503 asks the client to wait (`Retry-After`)
 FORWARD_TIMEOUT_S = 40.0  #: a forwarded request's limit (the negotiator view waits up to 30 s)
 FORWARDED_HEADER = "X-Memstream-Forwarded"  #: set on a forwarded request: never forwarded twice
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
-
-
-class OwnerUnknown(KeyError):
-    """No worker is known to own the key's partition (no assignment yet, or rebalancing)."""
-
-
-def key_partition(key: bytes, partitions: int) -> int:
-    """The partition of a key: murmur2 as the Java client (and aiokafka's default partitioner)."""
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
-
-
-def owner_url(distribution: Mapping[Any, Mapping[str, Any]], topic: str, partition: int) -> str | None:
-    """The worker URL that actively owns `topic`'s `partition` in the assignor's distribution
-    ({url: {topic: [partitions]}}), or None."""
-    for url, topics in distribution.items():
-        if partition in (topics.get(topic) or ()):
-            return str(url)
-    return None
-
-
-class PartitionRouter(Router):
-    """Faust's router without the Kafka client's topic metadata (see the module docstring)."""
-
-    def key_store(self, table_name: str, key: Any) -> URL:
-        # what Faust's `_get_table`, `_get_table_topic` and `_get_serialized_key` do, through public API
-        table = self.app.tables[table_name]
-        changelog = table.changelog_topic
-        topic = changelog.get_topic_name()
-        partitions = changelog.partitions or self.app.conf.topic_partitions
-        partition = key_partition(changelog.prepare_key(key, None)[0], partitions)
-        url = owner_url(self.app.assignor.tables_metadata(), topic, partition)
-        if url is None:
-            raise OwnerUnknown(f"no worker owns partition {partition} of {topic} yet")
-        return URL(url)
-
 
 
 class AuthError(Exception):
@@ -293,6 +249,18 @@ def json_body(data: Any) -> bytes:
     return orjson.dumps(data)
 
 
+_TOKENS: weakref.WeakKeyDictionary[Runtime, dict[str, Token]] = weakref.WeakKeyDictionary()
+
+
+def tokens_of(rt: Runtime) -> dict[str, Token]:
+    """The bearer tokens of `rt`'s settings (MEMSTREAM_API_TOKENS), parsed once per Runtime: the
+    composition root calls it at start-up, so a bad token spec stops the worker there."""
+    tokens = _TOKENS.get(rt)
+    if tokens is None:
+        tokens = _TOKENS[rt] = parse_tokens(rt.settings.api_tokens)
+    return tokens
+
+
 def runtime_of(app: Any) -> Runtime:
     """The `Runtime` of the worker whose app serves a view (it sets itself on its app)."""
     rt = getattr(app, "memstream_runtime", None)
@@ -309,9 +277,6 @@ class ApiView(View):
     `problem`. The one Faust method it overrides, `dispatch`, keeps its meaning (it calls
     Faust's and turns an unexpected exception into an empty 500): tests/api/test_views.py."""
 
-    read_timeout_s: float = 30.0  #: MEMSTREAM_HTTP_READ_TIMEOUT_S (install_server_limits)
-    max_body_bytes: int = 1024 * 1024  #: MEMSTREAM_HTTP_MAX_BODY_BYTES (install_server_limits)
-
     @property
     def runtime(self) -> Runtime:
         """This worker's Runtime (tables, settings, tokens)."""
@@ -319,8 +284,16 @@ class ApiView(View):
 
     @property
     def tokens(self) -> Mapping[str, Token]:
-        """This worker's bearer tokens (MEMSTREAM_API_TOKENS, parsed once by the Runtime)."""
-        return self.runtime.tokens
+        """This worker's bearer tokens (MEMSTREAM_API_TOKENS, parsed once per Runtime)."""
+        return tokens_of(self.runtime)
+
+    @property
+    def read_timeout_s(self) -> float:
+        return self.runtime.settings.http_read_timeout_s
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.runtime.settings.http_max_body_bytes
 
     def reply(self, data: Any, status: int = 200) -> Response:
         return self.bytes(json_body(data), content_type="application/json", status=status)
@@ -476,70 +449,3 @@ def authenticated(fun: Callable[..., Awaitable[Response]] | None = None, *,
         return checked
 
     return decorate(fun) if fun is not None else decorate
-
-
-# --------------------------------------------------------------------------------------------
-# HTTP server limits (Faust's aiohttp driver creates its AppRunner with no limits at all)
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    header_timeout_s: float  #: a new connection must send a whole request head within this
-    read_timeout_s: float  #: a request body must arrive within this (else 408)
-    max_body_bytes: int  #: a request body over this is answered 413
-    idle_timeout_s: float  #: a connection with no request in flight is closed after this
-    max_connections: int  #: open connections per worker; one more is closed at once
-
-
-def install_server_limits(app: Any, limits: ServerLimits) -> None:
-    """Give the worker's aiohttp server `limits` (before it starts): Faust builds
-    `AppRunner(web_app, access_log=None)`; this replaces it with one whose handlers time out a
-    connection that sends no complete request head (slow or half-open clients), close idle
-    keep-alive connections (aiohttp's `keepalive_timeout`, which also covers a connection that
-    never sends a byte), and refuse connections beyond the cap. The body read timeout is applied
-    where views read bodies (`ApiView.read_body`)."""
-    from aiohttp import web, web_protocol, web_server
-
-    class LimitedHandler(web_protocol.RequestHandler):
-        _refused = False
-        _head_deadline: asyncio.TimerHandle | None = None
-
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            manager = self._manager
-            if manager is not None and len(manager.connections) >= limits.max_connections:
-                self._refused = True
-                log.warning("refusing an HTTP connection: %d open (MEMSTREAM_HTTP_MAX_CONNECTIONS)",
-                            len(manager.connections))
-                transport.close()
-                return
-            super().connection_made(transport)
-            self._head_deadline = self._loop.call_later(limits.header_timeout_s, self._head_timeout)
-
-        def _head_timeout(self) -> None:
-            transport = self.transport
-            if self._request_count == 0 and transport is not None:
-                self.force_close()  # may drop self.transport: close the one we hold
-                transport.close()
-
-        def connection_lost(self, exc: BaseException | None) -> None:
-            if self._head_deadline is not None:
-                self._head_deadline.cancel()
-            if self._refused:
-                return
-            super().connection_lost(exc)
-
-    class LimitedServer(web_server.Server):
-        def __call__(self) -> web_protocol.RequestHandler:
-            return LimitedHandler(self, loop=self._loop, **self._kwargs)
-
-    class LimitedRunner(web.AppRunner):
-        async def _make_server(self) -> web_server.Server:
-            server = await super()._make_server()
-            server.__class__ = LimitedServer
-            return server
-
-    faust_internals.install_web_runner(
-        app, lambda web_app: LimitedRunner(web_app, access_log=None, keepalive_timeout=limits.idle_timeout_s))
-    ApiView.read_timeout_s = limits.read_timeout_s
-    ApiView.max_body_bytes = limits.max_body_bytes

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 import faust
 from faust.types import TP
 
-from streams.api.http import PartitionRouter, ServerLimits, install_server_limits, parse_tokens
 from streams.contracts import catalog, deadletter
 from streams.contracts.wire import (
     CodecFactory,
@@ -45,6 +44,7 @@ from streams.runtime.outputs import OutputProducer, OutputsFailed
 from streams.runtime.rebalance import RebalanceSafeConsumer
 from streams.runtime.row_cache import MISSING, DecodedRows
 from streams.runtime.standby import OFFSET_BEGINNING, Replica, StandbyApplier
+from streams.runtime.web import PartitionRouter, ServerLimits, install_server_limits
 from streams.settings import Settings
 
 if TYPE_CHECKING:
@@ -114,9 +114,8 @@ class Runtime:
         )
         _only_documented_pages(self.app)
         install_server_limits(self.app, ServerLimits(
-            header_timeout_s=settings.http_header_timeout_s, read_timeout_s=settings.http_read_timeout_s,
-            idle_timeout_s=settings.http_idle_timeout_s, max_connections=settings.http_max_connections,
-            max_body_bytes=settings.http_max_body_bytes))
+            header_timeout_s=settings.http_header_timeout_s, idle_timeout_s=settings.http_idle_timeout_s,
+            max_connections=settings.http_max_connections))
         self.app.memstream_runtime = self
         # A batch writes its table rows in one burst; Faust's default (pause the stream at 100
         # buffered messages and drain them one by one) would throttle every batch.
@@ -168,8 +167,6 @@ class Runtime:
         self._writing: checkpoint.Checkpoint | None = None
         #: (name, partitions, retention ms) of the internal topics: the worker creates them first
         self.internal_topics: list[tuple[str, int, dict[str, str]]] = []
-        #: the HTTP API's bearer tokens (MEMSTREAM_API_TOKENS): `ApiView` reads them through the app
-        self.tokens = parse_tokens(settings.api_tokens)
         #: set by `memstream worker`: watches the registry ids, broker and disk (streams/runtime/probe.py)
         self.probe: WorkerProbe | None = None
         self.recovery_progress: tuple[int, float] | None = None  # api/health.py: (offsets left, since)
@@ -746,17 +743,3 @@ def _only_documented_pages(app: faust.App) -> None:
 
 def _advertised_host(settings: Settings) -> str:
     return socket.gethostname() if settings.web_host in ("0.0.0.0", "::") else settings.web_host
-
-
-def create_runtime(settings: Settings) -> Runtime:
-    """The memstream runtime: its Faust app with every agent and view registered."""
-    rt = Runtime(settings)
-    from streams.agents import register_all
-
-    register_all(rt)
-    return rt
-
-
-def create_app(settings: Settings) -> faust.App:
-    """The memstream Faust app with every agent and view registered."""
-    return create_runtime(settings).app

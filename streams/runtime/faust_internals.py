@@ -20,7 +20,7 @@ fails tests/runtime/test_faust_internals.py loudly, and the worker logs one WARN
 (`Rdict.get`, `items(from_key=...)`, `iter()`, `set_write_options`), so it is not listed.
 
 Not covered here: aiohttp internals (`RequestHandler._manager`, `AppRunner._make_server`, ...) in
-`streams/api/http.py`'s server limits; they are aiohttp's, not Faust's.
+`streams/runtime/web.py`'s server limits; they are aiohttp's, not Faust's.
 """
 
 from __future__ import annotations
@@ -500,7 +500,7 @@ def install_web_runner(app: faust.App, make_runner: Callable[[Any], Any]) -> Non
     """Replace the aiohttp `AppRunner` of the app's web server by `make_runner(web_app)` (before the
     server starts). faust-streaming 0.15.3 `faust.web.drivers.aiohttp.Web._runner`, built as
     `AppRunner(web_app, access_log=None)` with no limits: memstream needs timeouts and a connection
-    cap (streams/api/http.py `install_server_limits`)."""
+    cap (streams/runtime/web.py `install_server_limits`)."""
     app.web._runner = make_runner(app.web.web_app)  # type: ignore[attr-defined]
 
 

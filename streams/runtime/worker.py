@@ -9,15 +9,22 @@ from __future__ import annotations
 import gc
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from streams.contracts.topics import TopicError, missing_topics
 from streams.settings import Settings
 
+if TYPE_CHECKING:
+    from streams.runtime.app import Runtime
+
 log = logging.getLogger("memstream.worker")
 
 
-def run(settings: Settings) -> int:
+def run(settings: Settings, create_runtime: Callable[[Settings], Runtime]) -> int:
+    """Run one worker until it is stopped; `create_runtime` builds its Runtime with every agent
+    and view registered (streams/composition.py: the runtime does not know them)."""
     missing = missing_topics(settings)
     if missing:
         raise TopicError(
@@ -26,7 +33,6 @@ def run(settings: Settings) -> int:
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
     from streams.contracts.topics import ensure_internal
     from streams.runtime import faust_internals
-    from streams.runtime.app import create_runtime
 
     rt = create_runtime(settings)
     app = rt.app

@@ -97,6 +97,7 @@ def _settings(args: argparse.Namespace, s: Settings) -> int:
 
 
 def _worker(args: argparse.Namespace, s: Settings) -> int:
+    from streams.composition import create_runtime
     from streams.runtime import worker
 
     changes = {}
@@ -104,7 +105,7 @@ def _worker(args: argparse.Namespace, s: Settings) -> int:
         changes["web_port"] = args.web_port
     if args.data_dir is not None:
         changes["data_dir"] = args.data_dir
-    return worker.run(s.replace(**changes))
+    return worker.run(s.replace(**changes), create_runtime)
 
 
 def _schemas(args: argparse.Namespace, s: Settings) -> int:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.agents import analytics, consumed_topics, graphs, memory, processors, register_all, relay_policy, sessions
+from streams.agents import analytics, consumed_topics, graphs, memory, processors, relay_policy, sessions
+from streams.composition import register_all
 from streams.contracts import catalog
 from streams.runtime import topology
 from streams.runtime.app import Runtime

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from streams.agents import register_all
 from streams.api.http import BadRequest, Forbidden, Token, mask_node, parse_ms, parse_tokens, permit
+from streams.composition import register_all
 from streams.runtime.app import Runtime
 from streams.settings import Settings, SettingsError
 from tests.kafka_util import free_port

@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from streams.agents import register_all
+from streams.composition import register_all
 from streams.contracts import catalog
 from streams.core.nodes import content_fingerprint
 from streams.runtime.app import Runtime

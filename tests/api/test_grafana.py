@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from streams.runtime.app import create_runtime
+from streams.composition import create_runtime
 from streams.runtime.metrics import sample_names
 from streams.settings import Settings
 from tests.conftest import ROOT

@@ -10,8 +10,8 @@ import inspect
 import pytest
 from faust.web import Blueprint, View
 
-from streams.agents import api_areas, register_all
 from streams.api.http import ApiView, runtime_of
+from streams.composition import api_areas, register_all
 from streams.runtime.app import Runtime
 from streams.settings import Settings
 

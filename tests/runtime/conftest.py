@@ -11,7 +11,7 @@ from streams.settings import Settings
 def offline_runtime(tmp_path):
     """`make(app_id, **env)`: a `Runtime` on RocksDB stores in a temporary data dir, with no
     registry and nothing started (no broker needed until something is consumed or sent)."""
-    from streams.runtime.app import create_runtime
+    from streams.composition import create_runtime
 
     def make(app_id: str, **env: str):
         return create_runtime(Settings.from_env({

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streams.agents import consumed_topics, register_all
+from streams.agents import consumed_topics
+from streams.composition import register_all
 from streams.contracts import catalog
 from streams.runtime.app import Runtime
 from streams.settings import Settings
@@ -60,7 +61,7 @@ def test_key_owner_comes_from_the_assignor_not_the_kafka_clients_metadata(runtim
     # Faust's own router asked the producer for the changelog topic's metadata: None on a fresh
     # stack (TypeError, a 500). Ours needs only the assignor's changelog partition -> URL table:
     # it answers here, in an app whose producer never started (Faust's raises NotReady).
-    from streams.api.http import OwnerUnknown, PartitionRouter
+    from streams.runtime.web import OwnerUnknown, PartitionRouter
 
     router = runtime.app.router
     assert isinstance(router, PartitionRouter)

@@ -29,10 +29,10 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 from faust.stores.rocksdb import RocksDBOptions
 
+from streams.composition import create_runtime
 from streams.contracts import catalog
 from streams.contracts.topics import ensure_internal
 from streams.runtime import restore, retry
-from streams.runtime.app import create_runtime
 from tests.conftest import TEST_DATA
 from tests.kafka_util import (
     candidate,

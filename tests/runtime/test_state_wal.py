@@ -17,7 +17,7 @@ rocksdict = pytest.importorskip("rocksdict")
 _WRITE_THROUGH_THE_RUNTIME = textwrap.dedent("""
     import os
     from streams.runtime import faust_internals
-    from streams.runtime.app import create_runtime
+    from streams.composition import create_runtime
     from streams.settings import Settings
 
     rt = create_runtime(Settings.from_env())
@@ -95,8 +95,8 @@ def test_opening_a_partition_store_reads_no_row_of_its_table(tmp_path, monkeypat
     """Which tables skip the log is decided by identity: a Faust table compares with `==` as a
     Mapping (every row of both decoded), which a WeakSet's membership test did at every
     partition store opened (each rebalance: 15% of a joining worker's samples in the bench)."""
+    from streams.composition import create_runtime
     from streams.runtime import faust_internals
-    from streams.runtime.app import create_runtime
     from streams.settings import Settings
 
     rt = create_runtime(Settings.from_env({"MEMSTREAM_REGISTRY_URL": "", "MEMSTREAM_DATA_DIR": str(tmp_path),

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from streams.composition import create_runtime
 from streams.runtime import checkpoint, faust_internals
-from streams.runtime.app import create_runtime
 from streams.settings import Settings
 
 
