@@ -1,4 +1,5 @@
-"""README's generated tables, the AsyncAPI document and docker-compose.yml agree with the code."""
+"""The documentation's generated sections (README, docs/), the AsyncAPI document and docker-compose.yml
+agree with the code."""
 
 from __future__ import annotations
 
@@ -14,25 +15,37 @@ from streams.tools import readme
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_readme_tables_match_the_code():
-    text = readme.README.read_text()
-    assert readme.render(text) == text, "README tables are stale: run `python -m streams.tools.readme`"
+def test_generated_sections_match_the_code():
+    for path, sections in readme.TARGETS.items():
+        text = path.read_text()
+        for name in sections:
+            assert f"<!-- {name}:begin -->" in text and f"<!-- {name}:end -->" in text, (path.name, name)
+        assert readme.render(text, sections) == text, f"{path.name} is stale: run `python -m streams.tools.readme`"
+    assert readme.stale() == []
+    catalog_page = readme.TOPICS.read_text()
     for t in catalog.topics():
-        assert f"| `{t.name}` |" in text
+        assert f"| `{t.name}` |" in catalog_page
+    settings_page = readme.OPERATIONS.read_text()
+    for var, _default, _doc in Settings.documentation():
+        assert f"| `{var}` |" in settings_page, var
 
 
 def test_topology_sections_match_the_declarations():
     from streams.agents import processors
 
-    for doc, sections in ((readme.README, readme.SECTIONS), (readme.ARCHITECTURE, readme.ARCHITECTURE_SECTIONS)):
-        text = doc.read_text()
-        assert "<!-- topology:begin -->" in text, doc
-        assert readme.render(text, sections) == text, f"{doc.name} is stale: run `python -m streams.tools.readme`"
-        section = text.split("<!-- topology:begin -->")[1].split("<!-- topology:end -->")[0]
-        assert "```mermaid\nflowchart LR" in section
-        for p in processors():
-            assert f"Processor: {p.name}  ({p.module})" in section, (doc, p.name)
-    assert "## One candidate record, hop by hop" in readme.ARCHITECTURE.read_text()
+    readme_text = readme.README.read_text()
+    diagram = readme_text.split("<!-- topology-diagram:begin -->")[1].split("<!-- topology-diagram:end -->")[0]
+    assert "```mermaid\nflowchart LR" in diagram
+    for p in processors():
+        assert f'["{p.name}"]' in diagram, p.name
+    text = readme.ARCHITECTURE.read_text()
+    assert "<!-- topology:begin -->" in text
+    section = text.split("<!-- topology:begin -->")[1].split("<!-- topology:end -->")[0]
+    assert "```mermaid\nflowchart LR" in section
+    assert diagram.strip() in section  # the README's diagram is the architecture page's
+    for p in processors():
+        assert f"Processor: {p.name}  ({p.module})" in section, p.name
+    assert "## One candidate record, hop by hop" in text
 
 
 def test_contract_tables_match_the_code_and_the_docs_stand_alone():

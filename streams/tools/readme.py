@@ -1,5 +1,7 @@
-"""Keeps the generated tables of README.md (topic catalog, settings, topology), docs/contract.md
-(limit error classes, session rule ids) and docs/architecture.md (topology) equal to the code.
+"""Keeps the generated sections of the documentation equal to the code: README.md (the topology's
+Mermaid diagram), docs/topics-and-records.md (topic catalog), docs/operations.md (settings),
+docs/architecture.md (topology: diagram and listing) and docs/contract.md (limit error classes,
+session rule ids). A section sits between `<!-- name:begin -->` and `<!-- name:end -->`.
 
 `python -m streams.tools.readme` rewrites them in place; `tests/test_docs.py` fails when they differ.
 """
@@ -13,8 +15,11 @@ from streams.contracts import catalog
 from streams.settings import Settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-CONTRACT = README.parent / "docs" / "contract.md"
-ARCHITECTURE = README.parent / "docs" / "architecture.md"
+DOCS = README.parent / "docs"
+CONTRACT = DOCS / "contract.md"
+ARCHITECTURE = DOCS / "architecture.md"
+TOPICS = DOCS / "topics-and-records.md"
+OPERATIONS = DOCS / "operations.md"
 
 
 def settings_table() -> str:
@@ -51,10 +56,21 @@ def topology_section() -> str:
     return topology.markdown()
 
 
-SECTIONS = {"catalog": lambda: catalog.markdown_table(Settings()), "settings": settings_table,
-            "topology": topology_section}
+def topology_diagram() -> str:
+    """The Mermaid flowchart alone (README): GitHub draws it; the listing is in docs/architecture.md."""
+    from streams.tools import topology
+
+    return "\n".join(["```mermaid", topology.mermaid(topology.processors(), topology.producers()), "```"])
+
+
+SECTIONS = {"topology-diagram": topology_diagram}
+TOPICS_SECTIONS = {"catalog": lambda: catalog.markdown_table(Settings())}
+OPERATIONS_SECTIONS = {"settings": settings_table}
 CONTRACT_SECTIONS = {"limit-codes": limit_codes_table, "session-rules": session_rules_table}
 ARCHITECTURE_SECTIONS = {"topology": topology_section}
+#: every file with generated sections, and which
+TARGETS = {README: SECTIONS, TOPICS: TOPICS_SECTIONS, OPERATIONS: OPERATIONS_SECTIONS,
+           CONTRACT: CONTRACT_SECTIONS, ARCHITECTURE: ARCHITECTURE_SECTIONS}
 
 
 def render(text: str, sections: dict = SECTIONS) -> str:
@@ -64,8 +80,12 @@ def render(text: str, sections: dict = SECTIONS) -> str:
     return text
 
 
+def stale() -> list[Path]:
+    """The targets whose generated sections differ from the code."""
+    return [path for path, sections in TARGETS.items() if render(path.read_text(), sections) != path.read_text()]
+
+
 if __name__ == "__main__":
-    README.write_text(render(README.read_text()))
-    CONTRACT.write_text(render(CONTRACT.read_text(), CONTRACT_SECTIONS))
-    ARCHITECTURE.write_text(render(ARCHITECTURE.read_text(), ARCHITECTURE_SECTIONS))
-    print(f"updated {README}, {CONTRACT} and {ARCHITECTURE}")
+    for path, sections in TARGETS.items():
+        path.write_text(render(path.read_text(), sections))
+    print("updated " + ", ".join(str(p.relative_to(README.parent)) for p in TARGETS))

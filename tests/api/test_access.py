@@ -1,6 +1,6 @@
 """Access control without a broker: the token format, scopes and user binding, masking of
 content-derived values, query parameters, and the app's own route table (every route a worker
-serves is documented in the README and refuses a request without a token, except the open
+serves is documented in docs/http-api.md and refuses a request without a token, except the open
 operations routes)."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from streams.runtime.app import Runtime
 from streams.settings import Settings, SettingsError
 from tests.kafka_util import free_port
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-#: served without a token, as the README says: no ids, no content (checked on a real worker in
+HTTP_API_DOC = Path(__file__).resolve().parents[2] / "docs" / "http-api.md"
+#: served without a token, as docs/http-api.md says: no ids, no content (checked on a real worker in
 #: tests/api/test_access_kafka.py)
 OPEN_ROUTES = {"/health", "/health/ready", "/health/live", "/metrics", "/dashboard"}
 
@@ -106,11 +106,13 @@ def test_ms_parameters():
 
 
 # ----------------------------------------------------------------------------- the route table
-def readme_routes() -> set[tuple[str, str]]:
-    """(method, path) of every row of the README's HTTP API table (query strings dropped)."""
-    text = README.read_text()
-    section = text[text.index("## HTTP API"):text.index("## Operations")]
+def documented_routes() -> set[tuple[str, str]]:
+    """(method, path) of every row of the route table of docs/http-api.md (query strings dropped)."""
+    text = HTTP_API_DOC.read_text()
+    section = text[text.index("\n## Routes\n"):]
+    section = section[:section.index("\n## ", 1)]
     rows = re.findall(r"^\| `(GET|PUT|POST|DELETE|PATCH) (/[^` ?]*)", section, re.M)
+    assert len(rows) >= 10, "the route table of docs/http-api.md was not found"
     return set(rows)
 
 
@@ -131,16 +133,16 @@ def test_no_faust_builtin_page_is_served(served_routes):
 
 def test_every_served_route_is_documented(served_routes):
     _rt, routes = served_routes
-    documented = readme_routes()
-    readme = README.read_text()
+    documented = documented_routes()
+    doc = HTTP_API_DOC.read_text()
     for method, path in routes:
         if path in OPEN_ROUTES:
-            assert f"`GET {path}`" in readme or f"{path}?" in readme or f"`{path}`" in readme, path
+            assert f"`GET {path}`" in doc or f"{path}?" in doc or f"`{path}`" in doc, path
             continue
         if method == "HEAD":
             continue  # answered by the same view's get (or 405): checked below
-        assert (method, path) in documented, f"{method} {path} is served but not in README's HTTP API table"
-    assert "without authentication" in readme  # /health and /metrics are documented as open
+        assert (method, path) in documented, f"{method} {path} is served but not in the route table of docs/http-api.md"
+    assert "without authentication" in doc  # /health and /metrics are documented as open
 
 
 def test_every_served_route_refuses_a_request_without_a_valid_token(served_routes):

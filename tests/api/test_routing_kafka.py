@@ -67,7 +67,7 @@ def call(port: int, method: str, path: str, token: str | None = "t", body: dict 
 
 
 def documented_routes(users: list[str], unique: str) -> list[tuple[str, str, dict | None]]:
-    """Every route of README's HTTP API table (and the operations routes), for `users`."""
+    """Every route of the route table of docs/http-api.md (and the operations routes), for `users`."""
     routes: list[tuple[str, str, dict | None]] = [
         ("GET", "/v1/analytics/summary?window=1h", None),
         ("GET", "/v1/analytics/summary?window=1m&scope=fleet", None),
