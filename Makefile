@@ -4,16 +4,16 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint test-faults bench browser stack-up stack-down clean lock
+.PHONY: demo test lint test-faults bench browser stack-up stack-down clean lock docs
 
-# pyproject.toml holds the ranges, constraints.txt the exact versions (the lock): see README, "Install"
+# pyproject.toml holds the ranges, constraints.txt the exact versions (the lock): see docs/operations.md, "Install"
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
-# rewrite the lock from the virtualenv (after an upgrade in it: README, "Upgrading a pin")
+# rewrite the lock from the virtualenv (after an upgrade in it: docs/development.md, "Upgrading a pin")
 lock: $(STAMP)
 	{ echo "# The lock: exact versions of every dependency, runtime and test (make lock writes it from"; \
 	  echo "# the virtualenv). Installs use it as pip constraints; pyproject.toml holds the ranges."; \
@@ -42,6 +42,12 @@ test-faults: $(STAMP)
 
 browser:
 	bash scripts/install-browser.sh
+
+# the documentation (docs/, mkdocs.yml) as a static site in .memstream/site; --strict: a broken
+# link or anchor, or a page missing from the nav, fails the build (tests/test_docs_site.py too)
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --config-file mkdocs.yml
+	@echo "open .memstream/site/index.html"
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py $(BENCH_ARGS)
