@@ -144,7 +144,7 @@ def wait(consumer: Consumer, deserialize: AvroDeserializer, seen: Seen, timeout:
                 print(f"consumer: {error}", file=sys.stderr)
             continue
         topic, raw_key, raw = msg.topic() or "", msg.key(), msg.value()
-        key = raw_key.decode() if isinstance(raw_key, bytes) else ""
+        key = raw_key.decode(errors="replace") if isinstance(raw_key, bytes) else ""
         if not seen.wants(topic, key):
             continue  # another user's record: not decoded
         value: Any = None if raw is None else deserialize(raw, SerializationContext(topic, MessageField.VALUE))

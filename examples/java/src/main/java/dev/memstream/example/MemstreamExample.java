@@ -25,6 +25,7 @@ import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.common.serialization.StringDeserializer;
 import org.apache.kafka.common.serialization.StringSerializer;
 
@@ -142,8 +143,10 @@ public final class MemstreamExample {
         String error = null;
         try (KafkaProducer<String, GenericRecord> producer =
                      new KafkaProducer<>(p, new StringSerializer(), valueSerializer);
-             KafkaConsumer<String, GenericRecord> consumer =
-                     new KafkaConsumer<>(c, new StringDeserializer(), valueDeserializer)) {
+             // values arrive as bytes and only the user's are deserialized: cheaper on a shared
+             // topic, and another team's undecodable record cannot stop this consumer
+             KafkaConsumer<String, byte[]> consumer =
+                     new KafkaConsumer<>(c, new StringDeserializer(), new ByteArrayDeserializer())) {
             consumer.subscribe(List.of(LEDGER, RELAY, NODES));
 
             // 1. one memory candidate
@@ -161,7 +164,7 @@ public final class MemstreamExample {
             seen.candidateId = candidateId;
             producer.send(new ProducerRecord<>(CANDIDATES, user, candidate)).get();
             System.out.println("produced candidate " + candidateId + " for " + user + " to " + CANDIDATES);
-            poll(consumer, seen::formedMissing);
+            poll(consumer, valueDeserializer, seen::formedMissing);
             System.out.println("memstream formed node " + seen.nodeId);
 
             // 2. delete the memory it formed. The payload is a record of the MemoryDeletedPayload
@@ -182,7 +185,7 @@ public final class MemstreamExample {
             seen.deletionId = deletionId;
             producer.send(new ProducerRecord<>(EVENTS, user, deletion)).get();
             System.out.println("produced memory_deleted " + deletionId + " of node " + seen.nodeId + " to " + EVENTS);
-            poll(consumer, seen::deletedMissing);
+            poll(consumer, valueDeserializer, seen::deletedMissing);
             System.out.println("memstream deleted the node: ledger event, relay tombstone and node-table tombstone seen");
         } catch (Missing e) {
             error = e.getMessage();
@@ -197,22 +200,23 @@ public final class MemstreamExample {
     }
 
     /** Polls the three topics until {@code missing} names nothing; throws naming it after the timeout. */
-    void poll(KafkaConsumer<String, GenericRecord> consumer, Supplier<List<String>> missing) {
+    void poll(KafkaConsumer<String, byte[]> consumer, AvroKafkaDeserializer<GenericRecord> deserializer,
+              Supplier<List<String>> missing) {
         long deadline = System.nanoTime() + timeout.toNanos();
         while (!missing.get().isEmpty()) {
             if (System.nanoTime() > deadline) {
                 throw new Missing("gave up after " + timeout.toSeconds() + " s waiting for "
                         + String.join("; ", missing.get()));
             }
-            // the value deserializer decodes every record it fetches (other users' too)
-            for (ConsumerRecord<String, GenericRecord> r : consumer.poll(Duration.ofMillis(500))) {
+            for (ConsumerRecord<String, byte[]> r : consumer.poll(Duration.ofMillis(500))) {
                 if (!seen.wants(r.topic(), r.key())) {
-                    continue;
+                    continue; // another user's record: not decoded
                 }
+                GenericRecord value = r.value() == null ? null : deserializer.deserialize(r.topic(), r.headers(), r.value());
                 if (r.topic().equals(NODES)) {
-                    seen.addNode(r.key(), r.value()); // null: a tombstone, the node was deleted
-                } else if (r.value() != null) {
-                    seen.addEvent(r.topic(), r.value());
+                    seen.addNode(r.key(), value); // null: a tombstone, the node was deleted
+                } else if (value != null) {
+                    seen.addEvent(r.topic(), value);
                 }
             }
         }
