@@ -12,10 +12,11 @@ def _packages(folder):
     return {p.name for p in folder.iterdir() if (p / "__init__.py").is_file()}
 
 
-def test_every_package_of_streams_has_its_test_folder_and_only_system_tests_stand_apart():
+def test_every_package_of_streams_has_its_test_folder_and_only_system_and_example_tests_stand_apart():
     packages, folders = _packages(ROOT / "streams"), _packages(ROOT / "tests")
     assert packages - folders == set(), f"streams/ packages without a tests/ folder: {sorted(packages - folders)}"
-    assert folders - packages == {"system"}  # end to end, across the wings
+    # end to end, across the wings; and the client examples in examples/, run against the stack
+    assert folders - packages == {"system", "examples"}
 
 
 def test_the_whole_suite_is_collected_from_another_working_folder(tmp_path):
