@@ -241,6 +241,9 @@ def parse_ms(query: Mapping[str, str], name: str, default: int | None = None) ->
     return value
 
 
+_BODY_KEY = aiohttp.web.RequestKey("memstream.body", bytes)  #: where `ApiView.read_body` keeps the body it read
+
+
 def _too_large(what: str, cap: int) -> str:
     return f"{what} is over the {cap}-byte limit of a request body (MEMSTREAM_HTTP_MAX_BODY_BYTES)"
 
@@ -338,6 +341,8 @@ class ApiView(View):
         byte is read; a body without one is read until it passes the limit."""
         cap = self.max_body_bytes
         raw = cast("aiohttp.web.BaseRequest", request)  # Faust's aiohttp driver hands over aiohttp's request
+        if (read := raw.get(_BODY_KEY)) is not None:  # read before (forwarding reads it, then the view)
+            return read
         declared = raw.content_length
         if declared is not None and declared > cap:
             raise BodyTooLarge(_too_large(f"Content-Length {declared}", cap))
@@ -352,9 +357,11 @@ class ApiView(View):
             return b"".join(chunks)
 
         try:
-            return await asyncio.wait_for(capped(), self.read_timeout_s)
+            body = await asyncio.wait_for(capped(), self.read_timeout_s)
         except TimeoutError:
             raise BodyTimeout(f"the request body did not arrive within {self.read_timeout_s:g} s") from None
+        raw[_BODY_KEY] = body  # the stream is consumed: a second read gets these bytes
+        return body
 
     async def json_body(self, request: Request) -> dict:
         try:

@@ -296,3 +296,27 @@ def test_a_body_within_the_limit_is_read_whole():
 def test_the_body_limit_must_be_positive():
     with pytest.raises(SettingsError, match="MEMSTREAM_HTTP_MAX_BODY_BYTES=0 must be at least 1"):
         Settings(http_max_body_bytes=0)
+
+
+def test_a_body_read_twice_is_the_same_bytes():
+    """Forwarding reads the body (to relay it to the key's owner), and the view that answers
+    locally reads it again: the second read must get the same bytes, not an empty stream."""
+    from types import SimpleNamespace
+
+    from aiohttp import streams
+    from aiohttp.test_utils import make_mocked_request
+
+    from streams.api.http import ApiView
+
+    async def twice() -> tuple[bytes, bytes]:
+        protocol = SimpleNamespace(_reading_paused=False, pause_reading=lambda **_: None, resume_reading=lambda **_: None)
+        payload = streams.StreamReader(protocol, 2**16, loop=asyncio.get_running_loop())
+        payload.feed_data(b'{"description": "x"}')
+        payload.feed_eof()
+        request = make_mocked_request("POST", "/v1/negotiator/u-1/forget", headers={"Content-Length": "20"},
+                                      payload=payload)
+        view = SimpleNamespace(max_body_bytes=1000, read_timeout_s=1.0)
+        return await ApiView.read_body(view, request), await ApiView.read_body(view, request)
+
+    first, second = asyncio.run(twice())
+    assert first == second == b'{"description": "x"}'
