@@ -3,6 +3,12 @@
 Tests that need Kafka use a stack of their own: its own ports and stack dir, started with the
 project's own `memstream dev up` (same code the README uses), wiped at the start of the session
 so every run sees a fresh broker and registry, and stopped at the end. Pure tests never touch it.
+
+`make test` runs the suite in parallel processes (pytest-xdist `-n N`, workers `gw0`…): each
+process is a session of its own, with its own stack (ports shifted by `WORKER_PORT_STEP` per
+worker, its own stack, data and lock paths), so a Kafka test never shares a broker with a test
+running at the same moment — one that restarts the broker or counts a topic's records sees only
+its own process's tests, as in a serial run.
 """
 
 from __future__ import annotations
@@ -22,15 +28,26 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Shift every port the suite uses (stack and workers) so two checkouts can test side by side;
 #: every port stays below 32768 (Linux hands out ports above it to outgoing connections).
-PORT_OFFSET = int(os.environ.get("MEMSTREAM_TEST_PORT_OFFSET", "0"))
-if not 0 <= PORT_OFFSET <= 2000:
+BASE_PORT_OFFSET = int(os.environ.get("MEMSTREAM_TEST_PORT_OFFSET", "0"))
+if not 0 <= BASE_PORT_OFFSET <= 2000:
     raise SystemExit("MEMSTREAM_TEST_PORT_OFFSET must be between 0 and 2000")
+#: this process under pytest-xdist (`gw3` → 3), else 0; and how many there are
+WORKER_ID = os.environ.get("PYTEST_XDIST_WORKER", "")
+WORKER_INDEX = int(WORKER_ID[2:]) if WORKER_ID.startswith("gw") and WORKER_ID[2:].isdigit() else 0
+WORKER_COUNT = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+WORKER_PORT_STEP = 10  #: a stack's ports (broker, controller, registry) per parallel worker
+if WORKER_INDEX >= 32:
+    raise SystemExit("at most 32 parallel test workers (pytest -n)")
+#: this process's stack ports: the checkout's offset, then a step per parallel worker
+PORT_OFFSET = BASE_PORT_OFFSET + WORKER_PORT_STEP * WORKER_INDEX
+#: this process's own paths under .memstream/ (stack, data, locks): `-gw3`, or nothing alone
+WORKER_SUFFIX = f"-{WORKER_ID}" if WORKER_ID else ""
 
 TEST_ENV = {
     "MEMSTREAM_BROKER": f"127.0.0.1:{29092 + PORT_OFFSET}",
     "MEMSTREAM_CONTROLLER_PORT": str(29093 + PORT_OFFSET),
     "MEMSTREAM_REGISTRY_URL": f"http://127.0.0.1:{28081 + PORT_OFFSET}/apis/ccompat/v7",
-    "MEMSTREAM_STACK_DIR": str(ROOT / ".memstream" / "test-stack"),
+    "MEMSTREAM_STACK_DIR": str(ROOT / ".memstream" / f"test-stack{WORKER_SUFFIX}"),
     "MEMSTREAM_PARTITIONS": "4",
     # the production store: tables are serialized (every read is a new object) and recover from
     # local RocksDB + changelog. memory:// hands out shared objects, which hid issue 17's race.
@@ -39,7 +56,7 @@ TEST_ENV = {
 #: Every worker's data dir (RocksDB tables) lives under here, one per worker (tests/kafka_util.py
 #: `worker`, tests/system/test_faults_kafka.py `Fleet`); wiped with the broker at the start of a session:
 #: a local store's offsets refer to the broker it was filled from.
-TEST_DATA = ROOT / ".memstream" / "test-data"
+TEST_DATA = ROOT / ".memstream" / f"test-data{WORKER_SUFFIX}"
 
 
 def memstream(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
@@ -66,7 +83,7 @@ def stack(settings):
 
     An exclusive lock serializes test sessions that need the stack (two pytest runs on one
     machine would otherwise wipe each other's broker)."""
-    lock_path = ROOT / ".memstream" / "test-stack.lock"
+    lock_path = ROOT / ".memstream" / f"test-stack{WORKER_SUFFIX}.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

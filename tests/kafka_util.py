@@ -268,11 +268,14 @@ def wait_caught_up(settings: Settings, group: str, topic: str, timeout: float = 
 
 
 def free_port() -> int:
-    """A free port below 32768 in this checkout's band (see `devstack.free_port`)."""
-    from .conftest import PORT_OFFSET
+    """A free port below 32768 in this checkout's band (see `devstack.free_port`), in this test
+    process's own slice of it when the suite runs in parallel (pytest-xdist worker `gwN`): two
+    processes never pick the same port for workers they start at the same moment."""
+    from .conftest import BASE_PORT_OFFSET, WORKER_COUNT, WORKER_INDEX
 
-    low = 10000 + PORT_OFFSET * 4
-    return devstack.free_port(low, low + 8000)
+    width = 8000 // WORKER_COUNT
+    low = 10000 + BASE_PORT_OFFSET * 4 + WORKER_INDEX % WORKER_COUNT * width
+    return devstack.free_port(low, low + width)
 
 
 def log_of(name: str) -> str:

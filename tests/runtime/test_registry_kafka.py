@@ -8,7 +8,6 @@ One worker runs through it all; the registry and the worker's health are checked
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import time
@@ -26,13 +25,13 @@ from streams.contracts.wire import CodecFactory, encode_key
 from streams.runtime.probe import EXIT_DISK_FULL, EXIT_STOP_TIMEOUT
 from streams.settings import Settings
 from streams.tools import devstack
-from tests.conftest import ROOT, TEST_DATA, memstream
+from tests.conftest import PORT_OFFSET, ROOT, TEST_DATA, WORKER_SUFFIX, memstream
 from tests.kafka_util import candidate, http_get, producer, read_to_end, wait_caught_up, worker
 from tests.tools.test_devstack import OWN
 
 pytestmark = pytest.mark.kafka
 
-ENV = {**OWN, "MEMSTREAM_STACK_DIR": str(ROOT / ".memstream" / "registry-test"), "MEMSTREAM_PARTITIONS": "2",
+ENV = {**OWN, "MEMSTREAM_STACK_DIR": str(ROOT / ".memstream" / f"registry-test{WORKER_SUFFIX}"), "MEMSTREAM_PARTITIONS": "2",
        "MEMSTREAM_HEALTH_CHECK_INTERVAL_S": "1", "MEMSTREAM_STANDBY_REPLICAS": "0",
        "MEMSTREAM_SHUTDOWN_TIMEOUT_S": "15"}
 APP = "memstream-registry-test"
@@ -43,7 +42,7 @@ def own():
     """A stack of this module's own (the devstack test's ports and lock), wiped before and after."""
     import fcntl
 
-    lock_path = ROOT / ".memstream" / "devstack-test.lock"
+    lock_path = ROOT / ".memstream" / f"devstack-test{WORKER_SUFFIX}.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -119,7 +118,7 @@ def restart_registry(s: Settings, wipe_storage: bool = False) -> None:
 def test_ids_survive_a_registry_restart_and_a_reset_stops_the_worker_without_dead_letters(own):
     s = own
     user = f"u-{uuid.uuid4().hex[:8]}"
-    port = 26000 + int(os.environ.get("MEMSTREAM_TEST_PORT_OFFSET", "0"))
+    port = 26000 + PORT_OFFSET
     env = {**ENV, "MEMSTREAM_APP_ID": APP, "MEMSTREAM_WEB_PORT": str(port),
            "MEMSTREAM_DATA_DIR": str(TEST_DATA / "registry-test-worker")}
     ids_before = subject_ids(s)

@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.contracts import catalog
-from tests.conftest import PORT_OFFSET, ROOT, memstream
+from tests.conftest import PORT_OFFSET, ROOT, WORKER_SUFFIX, memstream
 
 pytestmark = pytest.mark.kafka
 
@@ -23,7 +23,7 @@ OWN = {
     "MEMSTREAM_BROKER": f"127.0.0.1:{BROKER_PORT}",
     "MEMSTREAM_CONTROLLER_PORT": str(BROKER_PORT + 1),
     "MEMSTREAM_REGISTRY_URL": f"http://127.0.0.1:{REGISTRY_PORT}/apis/ccompat/v7",
-    "MEMSTREAM_STACK_DIR": str(ROOT / ".memstream" / "devstack-test"),
+    "MEMSTREAM_STACK_DIR": str(ROOT / ".memstream" / f"devstack-test{WORKER_SUFFIX}"),
 }
 
 
@@ -41,7 +41,7 @@ def _pids() -> list[int]:
 @pytest.fixture
 def own_stack_lock():
     """Serializes this test across concurrent test sessions (it owns its stack's ports)."""
-    path = ROOT / ".memstream" / "devstack-test.lock"
+    path = ROOT / ".memstream" / f"devstack-test{WORKER_SUFFIX}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
