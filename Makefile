@@ -25,11 +25,11 @@ demo: $(STAMP)
 	$(VENV)/bin/memstream demo
 
 # lint first: a finding fails `make test` (and so CI) before the suite starts. The suite runs in
-# PYTEST_WORKERS parallel processes, each with a Kafka stack of its own (tests/conftest.py), a
-# test file's tests in one process; PYTEST_WORKERS=0 runs it in this process alone.
+# PYTEST_WORKERS parallel processes, each with a Kafka stack of its own (tests/conftest.py), handed
+# one test at a time; PYTEST_WORKERS=0 runs it in this process alone.
 PYTEST_WORKERS ?= 4
 test: $(STAMP) lint browser
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # ruff (rules in pyproject.toml), mypy (files and strictness in pyproject.toml), then no import
 # circle between modules or packages (scripts/import_graph.py --check); the

@@ -159,7 +159,7 @@ class MemoryStore:
         if loaded.foreign:
             if motebit_id not in self.foreign:
                 log.warning("memory state of %r: skipped %d rows whose owner differs from their key (left by a "
-                            "version that allowed %r in ids; see README, 'State from earlier versions')",
+                            "version that allowed %r in ids; see docs/operations.md, 'State written by an earlier version')",
                             motebit_id[:200], loaded.foreign, NODE_KEY_SEP)
             self.foreign[motebit_id] = loaded.foreign
         if loaded.memory is None:

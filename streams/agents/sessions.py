@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 TABLE = "session-ledger"
 PROCESSOR = Processor(
     "session-ledger-agent", __name__,
-    "The per-session compaction ledger (SPEC 4.8): every rule violation a dead letter, the ledger "
+    "The per-session compaction ledger (docs/memory-rules.md): every rule violation a dead letter, the ledger "
     "republished when it changes.",
     sources=(catalog.SESSION_EVENTS,),
     stores=(TABLE,),

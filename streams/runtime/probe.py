@@ -139,7 +139,7 @@ class WorkerProbe:
         if found and {m.schema_id for m in found} != was:
             log.critical("schema registry at %s no longer maps the schema ids this worker used: %s; NOT consuming "
                          "(nothing is read with the wrong schema, nothing dead-lettered) until it does again: "
-                         "restore the registry's storage (README, 'Schema ids')", self.settings.registry_url,
+                         "restore the registry's storage (docs/operations.md, 'Schema ids')", self.settings.registry_url,
                          "; ".join(map(str, found[:5])) + (f"; and {len(found) - 5} more" if len(found) > 5 else ""))
         elif was and not found:
             log.warning("schema registry maps every known schema id as before again; consuming")
