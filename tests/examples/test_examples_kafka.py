@@ -163,25 +163,22 @@ def check_what_the_client_wrote(stack, summary: dict, user: str) -> None:
     assert read_to_end(stack, catalog.DLQ, {key}, decode=False) == []
 
 
+def round_trip(stack, language: str, cmd: list[str], cwd: Path) -> None:
+    """One client's whole round trip for a user of its own, checked from its summary and from
+    what it wrote to the topics."""
+    user = f"mb-ex-{language[:4]}-{uuid.uuid4().hex[:8]}"
+    summary = run_example(stack, cmd, cwd, user)
+    check_summary(summary, language, user)
+    check_what_the_client_wrote(stack, summary, user)
+
+
 def test_python_example(examples_worker):
-    user = f"mb-ex-py-{uuid.uuid4().hex[:8]}"
-    summary = run_example(examples_worker, [sys.executable, str(EXAMPLES / "python" / "memstream_example.py")],
-                          ROOT, user)
-    check_summary(summary, "python", user)
-    check_what_the_client_wrote(examples_worker, summary, user)
+    round_trip(examples_worker, "python", [sys.executable, str(EXAMPLES / "python" / "memstream_example.py")], ROOT)
 
 
 def test_typescript_example(typescript_client, examples_worker):
-    cmd, cwd = typescript_client
-    user = f"mb-ex-ts-{uuid.uuid4().hex[:8]}"
-    summary = run_example(examples_worker, cmd, cwd, user)
-    check_summary(summary, "typescript", user)
-    check_what_the_client_wrote(examples_worker, summary, user)
+    round_trip(examples_worker, "typescript", *typescript_client)
 
 
 def test_java_example(java_client, examples_worker):
-    cmd, cwd = java_client
-    user = f"mb-ex-java-{uuid.uuid4().hex[:8]}"
-    summary = run_example(examples_worker, cmd, cwd, user)
-    check_summary(summary, "java", user)
-    check_what_the_client_wrote(examples_worker, summary, user)
+    round_trip(examples_worker, "java", *java_client)
