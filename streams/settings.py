@@ -60,6 +60,7 @@ class Settings:
     dlq_max_reason_chars: int = field(default=2000, metadata={"doc": "Longest reason a dead letter (and its `__connect.errors.exception.message` header) carries; longer ones are cut, saying how much was left out."})
     state_batch_max_bytes: int = field(default=256 * 1024, metadata={"doc": "Most bytes of one user's rows a batch stages before it is made durable early (bounds the redo log in the user's memory-state row by this plus one record's rows, whatever the backlog)."})
     health_check_interval_s: float = field(default=10.0, metadata={"doc": "Seconds between a worker's checks of what it depends on: the schema registry (reachable, every schema id it used still naming the same schema), the broker (reachable) and its data disk (docs/operations.md, monitoring)."})
+    registry_timeout_s: float = field(default=5.0, metadata={"doc": "Seconds one request of a worker to the schema registry may take. A registry that hangs (its port open, no answer) fails the request after this: a record that needs a schema id not yet cached waits this long per attempt (then it is retried), and the health probe names `registry_unreachable` once a check has waited this long or half of MEMSTREAM_HEALTH_CHECK_INTERVAL_S, whichever is shorter."})
     min_free_disk_bytes: int = field(default=32 * 1024 * 1024, metadata={"doc": "A worker whose data dir has less free space than this stops at once with exit status 74, naming the directory (as it does on any \"No space left on device\")."})
     shutdown_timeout_s: float = field(default=60.0, metadata={"doc": "A worker still stopping this many seconds after SIGTERM/SIGINT ends at once (exit status 75); nothing unapplied is committed."})
     recovery_stall_s: float = field(default=120.0, metadata={"doc": "/health reports `recovery_stuck` when table recovery has made no progress for this many seconds."})
@@ -167,6 +168,8 @@ class Settings:
                 raise SettingsError(f"MEMSTREAM_{name.upper()}={getattr(self, name)} must be at least 1")
         if not 1 <= self.max_json_depth <= MAX_JSON_DEPTH_CEILING:  # the parser recurses per level
             raise SettingsError(f"MEMSTREAM_MAX_JSON_DEPTH={self.max_json_depth} must be between 1 and {MAX_JSON_DEPTH_CEILING}")
+        if not self.registry_timeout_s > 0:
+            raise SettingsError(f"MEMSTREAM_REGISTRY_TIMEOUT_S={self.registry_timeout_s} must be more than 0")
         for name in ("prefill_nodes", "row_cache_bytes"):  # 0: none
             if getattr(self, name) < 0:
                 raise SettingsError(f"MEMSTREAM_{name.upper()}={getattr(self, name)} must be 0 (none) or more")

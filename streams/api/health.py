@@ -125,8 +125,8 @@ def _problems(rt: Runtime, in_recovery: bool, remaining: int) -> list[dict]:
         if probe.mismatched:
             out.append(problem("registry_mismatch", "; ".join(map(str, probe.mismatched[:3])) +
                                " - not consuming until the registry maps them as before"))
-        if probe.registry_error:
-            out.append(problem("registry_unreachable", probe.registry_error))
+        if (registry := probe.registry_problem()) is not None:
+            out.append(problem("registry_unreachable", registry))
         if probe.broker_error:
             out.append(problem("broker_unreachable", probe.broker_error))
     now = time.monotonic()

@@ -61,7 +61,7 @@ SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 _CONFLUENT_HEADER = 5  # magic + 4-byte id
 _SINGLE_OBJECT_HEADER = 10  # 2-byte magic + 8-byte fingerprint
 _REFUSED_IDS_KEPT = 1024  # bound on the cache of ids that named no usable schema
-REGISTRY_TIMEOUT_S = 30  # one request to the Schema Registry
+REGISTRY_TIMEOUT_S = 30  # one request to the Schema Registry (the CLI's tools; a worker's: MEMSTREAM_REGISTRY_TIMEOUT_S)
 
 
 class WireFormat(enum.Enum):
@@ -182,10 +182,12 @@ class CodecFactory:
         self._parsed_by_text: dict[tuple[int, str], SchemaVersion] = {}
 
     @classmethod
-    def from_url(cls, registry_url: str, schema_set: SchemaSet | None = None) -> CodecFactory:
-        """A factory for a registry URL (``mock://...`` gives an in-process mock); empty = no registry."""
-        # a bounded timeout: the client's default waits forever on a registry that hangs
-        registry = SchemaRegistryClient.new_client({"url": registry_url, "timeout": REGISTRY_TIMEOUT_S}) if registry_url else None
+    def from_url(cls, registry_url: str, schema_set: SchemaSet | None = None,
+                 timeout_s: float = REGISTRY_TIMEOUT_S) -> CodecFactory:
+        """A factory for a registry URL (``mock://...`` gives an in-process mock); empty = no registry.
+        ``timeout_s`` bounds one request (the client's default waits forever on a registry that
+        hangs); a worker passes MEMSTREAM_REGISTRY_TIMEOUT_S."""
+        registry = SchemaRegistryClient.new_client({"url": registry_url, "timeout": timeout_s}) if registry_url else None
         factory = cls(registry, schema_set)
         factory.registry_url = registry_url
         return factory

@@ -68,7 +68,7 @@ class Runtime:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.codecs = CodecFactory.from_url(settings.registry_url)
+        self.codecs = CodecFactory.from_url(settings.registry_url, timeout_s=settings.registry_timeout_s)
         self.codecs.register([t.name for t in catalog.topics()])  # once, at startup
         codecs.install(self.codecs)
         self.worker_name = f"{socket.gethostname()}:{settings.web_port}"

@@ -102,6 +102,8 @@ class WorkerProbe:
         self.registry_error: str | None = None
         self.broker_error: str | None = None
         self._lock = threading.Lock()
+        #: monotonic time since which a registry check has been waiting for its answers (None: none is)
+        self._checking_since: float | None = None
         self._last_explain = 0.0
         self._admin: Any = None  # a confluent_kafka AdminClient, made on first use
 
@@ -122,6 +124,8 @@ class WorkerProbe:
         remember the ids that agree. Raises RegistryError when the registry is unreachable."""
         cached = {i: known_schema(v) for i, v in self.codecs.known_ids().items()}
         known = {**cached, **self.known.ids}  # what an id meant first wins
+        with self._lock:
+            self._checking_since = time.monotonic()
         try:
             now = {i: (known_schema(v) if v is not None else None)
                    for i, v in self.codecs.registry_now(sorted(known)).items()}
@@ -129,6 +133,9 @@ class WorkerProbe:
             with self._lock:
                 self.registry_error = str(exc)
             raise
+        finally:
+            with self._lock:
+                self._checking_since = None
         found = mismatches(known, now)
         for m in found:
             if m.schema_id in cached and cached[m.schema_id] != known[m.schema_id]:
@@ -146,6 +153,26 @@ class WorkerProbe:
         if not found:
             self._remember({i: s for i, s in cached.items() if now.get(i) == s})
         return found
+
+    @property
+    def hang_after_s(self) -> float:
+        """How long a registry check may wait before the registry counts as unreachable: one
+        request's timeout, or half the health interval if that is shorter (a registry that hangs
+        shows on /health within about one interval, not after every request's timeout)."""
+        return min(self.settings.registry_timeout_s, self.settings.health_check_interval_s / 2)
+
+    def registry_problem(self, now: float | None = None) -> str | None:
+        """Why the registry counts as unreachable now, or None: the last check's error, or a check
+        that has waited longer than `hang_after_s` for its answers (a registry that hangs)."""
+        with self._lock:
+            error, since = self.registry_error, self._checking_since
+        if error:
+            return error
+        waited = (time.monotonic() if now is None else now) - since if since is not None else 0.0
+        if since is not None and waited > self.hang_after_s:
+            return (f"schema registry at {self.settings.registry_url} has not answered for {waited:.0f} s "
+                    f"(it accepts connections but does not answer: hung or overloaded)")
+        return None
 
     def _remember(self, learned: dict[int, KnownSchema]) -> None:
         new = self.known.learn(learned, self.settings.max_known_schema_ids)

@@ -134,6 +134,66 @@ def test_probe_reports_an_unreachable_registry():
     assert "refused" in probe.registry_error and not probe.explains(1)
 
 
+@pytest.mark.parametrize("timeout_s, interval_s, hang_after_s", [(5.0, 10.0, 5.0), (30.0, 10.0, 5.0), (1.0, 10.0, 1.0)])
+def test_a_registry_that_hangs_is_named_once_a_check_has_waited_too_long(timeout_s, interval_s, hang_after_s):
+    """A registry whose port accepts but never answers: the probe's check blocks in the client
+    (up to MEMSTREAM_REGISTRY_TIMEOUT_S per request). /health names `registry_unreachable` once
+    the check has waited `hang_after_s` (the timeout, or half the interval if that is shorter),
+    without waiting for the request to give up."""
+    import threading
+    import time
+
+    answer = threading.Event()
+
+    class Hung:
+        def clear_caches(self):
+            pass
+
+        def get_schema(self, *a, **k):
+            answer.wait(10)
+            raise ConnectionError("timed out")
+
+    factory = CodecFactory(registry())
+    factory.register(TOPICS[:1])
+    probe = WorkerProbe(Settings(data_dir="/nonexistent", registry_url="mock://x", registry_timeout_s=timeout_s,
+                                 health_check_interval_s=interval_s), factory)
+    assert probe.hang_after_s == hang_after_s and probe.registry_problem() is None
+    factory.registry = Hung()
+    check = threading.Thread(target=lambda: pytest.raises(RegistryError, probe.verify_ids), daemon=True)
+    check.start()
+    deadline = time.monotonic() + 5
+    while probe._checking_since is None:
+        assert time.monotonic() < deadline, "the check never started"
+        time.sleep(0.01)
+    started = probe._checking_since
+    assert probe.registry_problem(now=started + hang_after_s - 0.1) is None  # not yet
+    named = probe.registry_problem(now=started + hang_after_s + 0.1)
+    assert named is not None and "has not answered for" in named and "mock://x" in named
+    if hang_after_s <= 1.0:  # /health itself, on the clock
+        time.sleep(max(0.0, started + hang_after_s + 0.1 - time.monotonic()))
+        status, reason = judge("ready", "ok", probe_problems(probe))
+        assert status == "ready" and reason.startswith("registry_unreachable: schema registry at mock://x has not")
+    answer.set()  # the request gives up: its error is the reason from now on
+    check.join(5)
+    assert "timed out" in probe.registry_problem() and probe._checking_since is None
+
+
+def probe_problems(probe: WorkerProbe) -> list[dict]:
+    """What streams/api/health.py reports for this probe alone."""
+    from types import SimpleNamespace
+
+    from streams.api.health import _problems
+
+    return _problems(SimpleNamespace(probe=probe, stalls={}, settings=probe.settings), False, 0)
+
+
+def test_the_registry_timeout_must_be_positive():
+    from streams.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="MEMSTREAM_REGISTRY_TIMEOUT_S=0"):
+        Settings(registry_timeout_s=0)
+
+
 # ------------------------------------------------------------------ dead letters without the registry
 def _dead_letter_bytes(factory: CodecFactory) -> bytes:
     record = deadletter.dead_letter(deadletter.Origin("memory.events.v1", 0, 7, b"k", b"\x00bad"),

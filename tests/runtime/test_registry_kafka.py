@@ -8,8 +8,10 @@ One worker runs through it all; the registry and the worker's health are checked
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import sys
 import time
 import urllib.request
 import uuid
@@ -130,6 +132,24 @@ def test_ids_survive_a_registry_restart_and_a_reset_stops_the_worker_without_dea
         assert p.flush(30) == 0
         wait_caught_up(s, APP, catalog.MEMORY_CANDIDATES)
         assert http_get(port, "/health/live")[0] == 200
+
+        # the registry hangs (paused: its port still accepts, nothing answers): /health names it
+        # within about one health interval (1 s here), not after the client's timeouts (~2 minutes before)
+        pid = devstack.REGISTRY.pid(s)
+        assert pid is not None, "the registry of this test's stack is not running"
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            hung = time.monotonic()
+            status, body = wait_for("registry_unreachable in /health while the registry hangs", lambda: (lambda h: h if any(
+                p["reason"] == "registry_unreachable" for p in h[1]["problems"]) else None)(health(port)), timeout=15)
+            named_after = time.monotonic() - hung
+            assert status == 200 and body["status"] == "ready", body  # known schemas need no registry
+            assert "has not answered for" in str(body["problems"]) or "timed out" in str(body["problems"]).lower(), body
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        print(f"\n[registry] a hung registry named on /health after {named_after:.1f} s", file=sys.stderr)
+        wait_for("registry_unreachable to clear", lambda: (lambda h: h if not any(
+            p["reason"] == "registry_unreachable" for p in h[1]["problems"]) else None)(health(port)), timeout=60)
 
         # the registry restarts (KafkaSQL storage): the worker is degraded meanwhile, then every id is kept
         devstack.stop(s, devstack.REGISTRY)
