@@ -404,7 +404,7 @@ def write_without_wal(table: TableT) -> None:
     sets its write options; this wraps that method (once, for the class) to set them on the
     stores of the tables named here. Why it is safe is in docs/state-and-failures.md ("The
     tables' write-ahead log"); the restore ahead opens its own handles (`RocksDBOptions.open`)
-    and keeps the log."""
+    and sets the same write options on them (streams/runtime/restore.py `open_partition_store`)."""
     from faust.stores.rocksdb import Store
 
     _WITHOUT_WAL[id(table)] = weakref.ref(table)

@@ -106,18 +106,29 @@ class Report:
     persisted: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
+#: without the write-ahead log, a store's copied runs are flushed to disk at least this often, so a
+#: kill during the restore loses at most about this much of the copy (the next start goes on from
+#: what was flushed)
+FLUSH_EVERY_S = 1.0
+
+
 class PartitionStores:
     """The RocksDB store of each changelog partition, opened with the options Faust opens it with
-    (and closed again: Faust opens it itself once it starts)."""
+    (and closed again: Faust opens it itself once it starts). `flush_every_s` (stores opened
+    without the write-ahead log): a store is flushed after its first run, then whenever it was
+    last flushed that long ago."""
 
-    def __init__(self, opener: Callable[[str, int], Any]) -> None:
+    def __init__(self, opener: Callable[[str, int], Any], flush_every_s: float | None = None) -> None:
         self._opener = opener
         self._open: dict[tuple[str, int], Any] = {}
+        self._flush_every_s = flush_every_s
+        self._flushed: dict[tuple[str, int], float] = {}
 
     def get(self, topic: str, partition: int) -> Any:
         key = (topic, partition)
         if key not in self._open:
             self._open[key] = self._opener(topic, partition)
+            self._flushed[key] = float("-inf")  # the first run is flushed at once: progress from the start
         return self._open[key]
 
     def persisted(self, topic: str, partition: int) -> int | None:
@@ -126,7 +137,13 @@ class PartitionStores:
 
     def write(self, topic: str, partition: int, batch: Batch, new_batch: Callable[[], Any]) -> None:
         """The batch's rows and its last offset as Faust's persisted offset, in one atomic write."""
-        write_run(self.get(topic, partition), batch, new_batch)
+        db = self.get(topic, partition)
+        write_run(db, batch, new_batch)
+        if self._flush_every_s is not None:
+            now = time.monotonic()
+            if now - self._flushed[(topic, partition)] >= self._flush_every_s:
+                db.flush()  # the runs so far outlive a kill, without the log
+                self._flushed[(topic, partition)] = now
 
     def close(self) -> None:
         for db in self._open.values():
@@ -237,6 +254,23 @@ def restore_ahead(consumer: Any, stores: PartitionStores, new_batch: Callable[[]
 BATCH_ROWS = 20_000
 
 
+def open_partition_store(store: Any, partition: int, wal: bool) -> Any:
+    """A partition's RocksDB store opened as Faust opens it (its options), with RocksDB's
+    write-ahead log only when `wal` (MEMSTREAM_STATE_WAL), as the tables write: without it a
+    restore needs no more disk than the tables and writes each row once. Safe for the same reason
+    as the tables' writes: every run goes in one atomic batch with its persisted offset, so after a
+    kill the store holds a prefix of the runs (the restore, or Faust's, goes on from its offset),
+    and a clean close flushes what the log would have held."""
+    from streams.runtime import faust_internals
+
+    path = store.partition_path(partition)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = store.rocksdb_options.open(path)
+    if not wal:
+        db.set_write_options(faust_internals.no_wal_write_options())
+    return db
+
+
 def run(settings: Any, tables: Iterable[Any], progress: Callable[[int, int], None] | None = None) -> Report | None:
     """Restore ahead every RocksDB table of the worker (None: nothing to do, or turned off).
     A failure is logged and left to Faust's own restore: this only saves time. `progress` as
@@ -258,16 +292,13 @@ def run(settings: Any, tables: Iterable[Any], progress: Callable[[int, int], Non
         return None
 
     def open_store(topic: str, partition: int) -> Any:
-        store = by_topic[topic]
-        path = store.partition_path(partition)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return store.rocksdb_options.open(path)
+        return open_partition_store(by_topic[topic], partition, wal=settings.state_wal)
 
     consumer = Consumer({"bootstrap.servers": settings.broker, "group.id": f"{settings.app_id}-restore-ahead",
                          "enable.auto.commit": False, "enable.partition.eof": True,
                          # a span's start deleted meanwhile (retention): from what is left, never from the end
                          "auto.offset.reset": "earliest", "log_level": 0})
-    stores = PartitionStores(open_store)
+    stores = PartitionStores(open_store, flush_every_s=None if settings.state_wal else FLUSH_EVERY_S)
     try:
         metadata = retrying(lambda: consumer.list_topics(timeout=15), "list topics")
         partitions = {t: sorted(metadata.topics[t].partitions) for t in by_topic if t in metadata.topics}
