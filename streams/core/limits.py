@@ -131,9 +131,7 @@ MAX_JSON_DEPTH_CEILING = 512
 def json_depth(text: str) -> int:
     """How deep arrays and objects nest in JSON ``text``, found without parsing it (brackets
     inside strings do not count). Never recurses, so a hostile 10,000-deep document costs one
-    scan; a text without brackets costs two ``str.count`` calls."""
-    if not (text.count("[") or text.count("{")):
-        return 0
+    scan (`check_json_depth` skips it for a text with too few brackets to be too deep)."""
     depth = deepest = 0
     for m in _JSON_TOKEN.finditer(text):
         token = m.group()

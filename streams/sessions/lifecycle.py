@@ -345,9 +345,11 @@ def _is_int_list(v: Any) -> bool:
     return isinstance(v, list) and all(_is_int(x) for x in v)
 
 
-def _data(event: Mapping[str, Any]) -> dict[str, Any] | None:
+def _data(event: Mapping[str, Any], limits: Limits) -> dict[str, Any] | None:
     """The event's data as a dict: the Avro union branch, a ``(name, dict)`` pair
-    (fastavro ``return_record_name``) or a GenericEvent whose ``json`` is decoded."""
+    (fastavro ``return_record_name``) or a GenericEvent whose ``json`` is decoded. Raises
+    LimitExceeded when that ``json`` nests deeper than ``max_json_depth`` (checked before the
+    parse: the parser recurses per level)."""
     data = event.get("data")
     if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[1], Mapping):
         data = data[1]
@@ -359,6 +361,8 @@ def _data(event: Mapping[str, Any]) -> dict[str, Any] | None:
         raw = data.get("json")
         if raw is None:
             return {}
+        if isinstance(raw, str):
+            check_json_depth("data.json", raw, limits)
         try:
             decoded = json.loads(raw)
         except (TypeError, ValueError, RecursionError):  # RecursionError: a depth limit set past the parser's
@@ -400,15 +404,6 @@ def _trim(ctx: _Ctx) -> None:
 
 _LABEL_FIELDS = ("compactionId", "sourceCommandId", "provider", "model")
 _SEQ_LISTS = ("shadowedSeqs", "sourceEventSeqs")
-
-
-def _check_json_depth(event: Mapping[str, Any], limits: Limits) -> None:
-    """Raise LimitExceeded when a GenericEvent's ``json`` nests deeper than ``max_json_depth``."""
-    data = event.get("data")
-    if isinstance(data, (tuple, list)) and len(data) == 2:
-        data = data[1]
-    if isinstance(data, Mapping) and isinstance(raw := data.get("json"), str):
-        check_json_depth("data.json", raw, limits)
 
 
 def _check_limits(ctx: _Ctx, event: Mapping[str, Any], data: Mapping[str, Any] | None) -> None:
@@ -470,8 +465,7 @@ def step(state: Mapping[str, Any] | None, event: Mapping[str, Any],
 
     typ = ctx.type
     try:
-        _check_json_depth(event, limits)  # before _data parses it: the parser recurses per level
-        data = _data(event)
+        data = _data(event, limits)
         check_id("sessionId", sid, limits)
         _check_limits(ctx, event, data)
     except LimitExceeded as exc:
