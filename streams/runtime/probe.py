@@ -102,8 +102,9 @@ class WorkerProbe:
         self.registry_error: str | None = None
         self.broker_error: str | None = None
         self._lock = threading.Lock()
-        #: monotonic time since which a registry check has been waiting for its answers (None: none is)
-        self._checking_since: float | None = None
+        #: thread id -> monotonic time its registry check began: the probe's rounds and `explains`
+        #: (from the decode path) may check at once, and one ending must not hide the other
+        self._checks: dict[int, float] = {}
         self._last_explain = 0.0
         self._admin: Any = None  # a confluent_kafka AdminClient, made on first use
 
@@ -124,8 +125,9 @@ class WorkerProbe:
         remember the ids that agree. Raises RegistryError when the registry is unreachable."""
         cached = {i: known_schema(v) for i, v in self.codecs.known_ids().items()}
         known = {**cached, **self.known.ids}  # what an id meant first wins
+        me = threading.get_ident()
         with self._lock:
-            self._checking_since = time.monotonic()
+            self._checks[me] = time.monotonic()
         try:
             now = {i: (known_schema(v) if v is not None else None)
                    for i, v in self.codecs.registry_now(sorted(known)).items()}
@@ -135,7 +137,7 @@ class WorkerProbe:
             raise
         finally:
             with self._lock:
-                self._checking_since = None
+                self._checks.pop(me, None)
         found = mismatches(known, now)
         for m in found:
             if m.schema_id in cached and cached[m.schema_id] != known[m.schema_id]:
@@ -155,6 +157,12 @@ class WorkerProbe:
         return found
 
     @property
+    def checking_since(self) -> float | None:
+        """When the oldest registry check still waiting for its answers began (None: none is)."""
+        with self._lock:
+            return min(self._checks.values(), default=None)
+
+    @property
     def hang_after_s(self) -> float:
         """How long a registry check may wait before the registry counts as unreachable: one
         request's timeout, or half the health interval if that is shorter (a registry that hangs
@@ -165,11 +173,12 @@ class WorkerProbe:
         """Why the registry counts as unreachable now, or None: the last check's error, or a check
         that has waited longer than `hang_after_s` for its answers (a registry that hangs)."""
         with self._lock:
-            error, since = self.registry_error, self._checking_since
+            error = self.registry_error
         if error:
             return error
+        since = self.checking_since
         waited = (time.monotonic() if now is None else now) - since if since is not None else 0.0
-        if since is not None and waited > self.hang_after_s:
+        if waited > self.hang_after_s:
             return (f"schema registry at {self.settings.registry_url} has not answered for {waited:.0f} s "
                     f"(it accepts connections but does not answer: hung or overloaded)")
         return None

@@ -162,10 +162,10 @@ def test_a_registry_that_hangs_is_named_once_a_check_has_waited_too_long(timeout
     check = threading.Thread(target=lambda: pytest.raises(RegistryError, probe.verify_ids), daemon=True)
     check.start()
     deadline = time.monotonic() + 5
-    while probe._checking_since is None:
+    while probe.checking_since is None:
         assert time.monotonic() < deadline, "the check never started"
         time.sleep(0.01)
-    started = probe._checking_since
+    started = probe.checking_since
     assert probe.registry_problem(now=started + hang_after_s - 0.1) is None  # not yet
     named = probe.registry_problem(now=started + hang_after_s + 0.1)
     assert named is not None and "has not answered for" in named and "mock://x" in named
@@ -175,7 +175,47 @@ def test_a_registry_that_hangs_is_named_once_a_check_has_waited_too_long(timeout
         assert status == "ready" and reason.startswith("registry_unreachable: schema registry at mock://x has not")
     answer.set()  # the request gives up: its error is the reason from now on
     check.join(5)
-    assert "timed out" in probe.registry_problem() and probe._checking_since is None
+    assert "timed out" in probe.registry_problem() and probe.checking_since is None
+
+
+def test_a_check_that_ends_does_not_hide_another_still_waiting():
+    """The probe's round and a decode's `explains` may check the registry at once (two threads):
+    the one that ends must not clear the other's start, or a hung registry would go unnamed."""
+    import threading
+    import time
+
+    release = {name: threading.Event() for name in ("slow", "quick")}
+
+    class PerThread:
+        def clear_caches(self):
+            pass
+
+        def get_schema(self, *a, **k):
+            release[threading.current_thread().name].wait(10)
+            raise ConnectionError("timed out")
+
+    factory = CodecFactory(registry())
+    factory.register(TOPICS[:1])
+    probe = WorkerProbe(Settings(data_dir="/nonexistent", registry_url="mock://x", registry_timeout_s=1.0), factory)
+    factory.registry = PerThread()
+    checks = {name: threading.Thread(target=lambda: pytest.raises(RegistryError, probe.verify_ids), name=name,
+                                     daemon=True) for name in ("slow", "quick")}
+    checks["slow"].start()
+    deadline = time.monotonic() + 5
+    while probe.checking_since is None:
+        assert time.monotonic() < deadline, "the slow check never started"
+        time.sleep(0.01)
+    slow_started = probe.checking_since
+    checks["quick"].start()
+    release["quick"].set()
+    checks["quick"].join(5)
+    with probe._lock:
+        probe.registry_error = None  # as if the quick check had succeeded: only the waiting one is left
+    assert probe.checking_since == slow_started  # the slow check still counts from its own start
+    assert "has not answered for" in probe.registry_problem(now=slow_started + 1.1)
+    release["slow"].set()
+    checks["slow"].join(5)
+    assert probe.checking_since is None
 
 
 def probe_problems(probe: WorkerProbe) -> list[dict]:
