@@ -61,6 +61,15 @@ def test_bad_token_entries_are_settings_errors(spec):
         parse_tokens(spec)
 
 
+def test_a_worker_with_a_bad_token_spec_stops_while_it_is_wired():
+    """The tokens are parsed by the composition root, before any agent starts: a bad
+    MEMSTREAM_API_TOKENS stops the worker there, not at its first request."""
+    from streams.composition import create_runtime
+
+    with pytest.raises(SettingsError):
+        create_runtime(Settings(registry_url="", partitions=3, api_tokens="t:everything"))
+
+
 def test_a_settings_error_never_shows_the_secret():
     with pytest.raises(SettingsError) as exc:
         parse_tokens("s3cr3t-value:everything")
