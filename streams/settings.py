@@ -41,6 +41,7 @@ class Settings:
         metadata={"doc": "Confluent-compatible Schema Registry URL; empty = no registry (Avro single-object encoding)."},
     )
     partitions: int = field(default=6, metadata={"doc": "Partitions of every catalog topic (and so of every changelog)."})
+    max_partitions: int = field(default=1024, metadata={"doc": "The most partitions `memstream repartition --to` raises a deployment to (a typo of 10000 would create that many partitions per topic and changelog)."})
     replication: int = field(default=1, metadata={"doc": "Replication factor of every catalog topic."})
     # --- the worker ---------------------------------------------------------------------
     app_id: str = field(default="memstream", metadata={"doc": "Faust app id = Kafka consumer group id and changelog prefix."})

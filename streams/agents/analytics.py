@@ -54,18 +54,20 @@ from streams.runtime.topology import Processor, Timer
 if TYPE_CHECKING:
     from streams.runtime.app import Runtime
 
+TABLE = "analytics"  #: subject (a user id, `session:<id>`, `graph:<id>`, `(unknown):<p>`) -> its windows
+
 PROCESSOR = Processor(
     "analytics", __name__,
     "Windowed activity aggregates, fed in-process by the other processors (Runtime.add_hook: their "
     "increments and every dead letter); reads no topic of its own.",
-    stores=("analytics",),
+    stores=(TABLE,),
     timers=(Timer("analytics", catalog.MEMORY_CANDIDATES, "publish the changed windows, expire old ones"),),
     sinks=(catalog.MEMORY_ANALYTICS,),
 )
 
 
 def register(rt: Runtime) -> None:
-    table = checkpoint.updates_only(rt.table("analytics"))
+    table = checkpoint.updates_only(rt.table(TABLE))
 
     def feed(cp: checkpoint.Checkpoint, increments: Iterable) -> None:
         now = int(time.time() * 1000)
@@ -98,7 +100,8 @@ def register(rt: Runtime) -> None:
         @staticmethod
         def dead_lettered(cp: checkpoint.Checkpoint, record: Mapping[str, Any], event_time_ms: int, index: int,
                           partition: int) -> None:
-            feed(cp, classify_dead_letter(record, event_time_ms, index=index, partition=partition))
+            feed(cp, classify_dead_letter(record, event_time_ms, index=index, partition=partition,
+                                          partition_of=rt.partition_of))
 
     rt.add_hook(Hook())
 

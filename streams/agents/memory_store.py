@@ -43,6 +43,8 @@ log = logging.getLogger("memstream.memory")
 
 NODE_KEY_SEP = "/"
 STATE_TABLE = "memory-state"  #: motebit_id -> aux row (with `pending`); motebit_id/node_id -> node row
+NEGOTIATOR_TABLE = "negotiator"  #: user_id -> the negotiator's memories of that user
+RELAY_POLICY_TABLE = "relay-policy"  #: motebit_id -> consented relay threshold (written by streams/agents/relay_policy.py)
 
 
 
@@ -52,6 +54,12 @@ def node_key(motebit_id: str, node_id: str) -> str:
     ends the user id; `rest` (a node id, or an internal row's suffix: `streams.agents.user_cache`) may contain
     anything."""
     return f"{motebit_id}{NODE_KEY_SEP}{node_id}"
+
+
+def row_owner(key: str) -> str:
+    """The user a `memory-state` row belongs to (the table's owner rule): the key up to its first
+    `/` (`node_key`), the whole key for the user's aux row."""
+    return key.split(NODE_KEY_SEP, 1)[0]
 
 
 class UserContained(Exception):
@@ -76,8 +84,8 @@ class MemoryStore:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.state = rt.table(STATE_TABLE)  # motebit_id -> aux row; motebit_id/node_id -> node row
-        self.negotiator = rt.table("negotiator")
-        self.relay_policy = rt.table("relay-policy")  # motebit_id -> consented threshold
+        self.negotiator = rt.table(NEGOTIATOR_TABLE)
+        self.relay_policy = rt.table(RELAY_POLICY_TABLE)  # motebit_id -> consented threshold
         #: motebit_id -> its relay-policy row (None: no override), read once per user: the table's
         #: one writer (the relay-policy agent) drops a user's entry when it writes, a rebalance all
         self.relay_overrides: dict[str, Any] = {}

@@ -65,6 +65,7 @@ from .classify import (
     routing_key,
     session_subject,
     subject_kind,
+    subject_owner,
     subject_partition,
     unknown_subject,
 )
@@ -101,7 +102,7 @@ __all__ = [
     "GRAPH_PREFIX", "SESSION_PREFIX", "SUBJECT_KINDS", "UNKNOWN_SUBJECT", "Increment", "budget_cost_nanos",
     "classify_compaction", "classify_dead_letter", "classify_graph_budget", "classify_ledger_event",
     "classify_outcome", "classify_quarantine", "classify_relay_event", "dead_letter_subject", "graph_subject",
-    "routing_key", "session_subject", "subject_kind", "subject_partition", "unknown_subject",
+    "routing_key", "session_subject", "subject_kind", "subject_owner", "subject_partition", "unknown_subject",
     "merge_summaries", "summarize", "summarize_records",
     "COUNTERS", "DEFAULT_POLICY", "EVENT_COUNTERS", "HOUR", "MINUTE", "SIZES", "TOO_EARLY", "TOO_LATE",
     "AddResult", "Refused", "WindowPolicy", "add", "add_increment", "due", "expire", "is_expired", "is_idle",

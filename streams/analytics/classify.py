@@ -128,16 +128,24 @@ def routing_key(subject: str) -> str | None:
     return subject
 
 
-def subject_partition(subject: str, partition_of: Callable[[str], int]) -> int | None:
-    """The partition that owns ``subject``: ``partition_of(routing_key)`` (the shell passes
-    ``Runtime.partition_of``), or ``p`` for ``(unknown):<p>``; None for a bare ``(unknown)``."""
+def subject_owner(subject: str) -> str | int | None:
+    """What places ``subject``'s state: its routing key, the partition ``p`` of ``(unknown):<p>``,
+    or None for a bare ``(unknown)`` (the owner rule of the ``analytics`` table:
+    streams/core/repartition.py)."""
     key = routing_key(subject)
     if key is not None:
-        return partition_of(key)
+        return key
     rest = subject[len(UNKNOWN_SUBJECT):]
     if rest.startswith(":") and rest[1:].isdigit():
         return int(rest[1:])
     return None
+
+
+def subject_partition(subject: str, partition_of: Callable[[str], int]) -> int | None:
+    """The partition that owns ``subject``: ``partition_of(routing_key)`` (the shell passes
+    ``Runtime.partition_of``), or ``p`` for ``(unknown):<p>``; None for a bare ``(unknown)``."""
+    owner = subject_owner(subject)
+    return partition_of(owner) if isinstance(owner, str) else owner
 
 
 # --------------------------------------------------------------------------------------------
@@ -243,16 +251,23 @@ def dead_letter_subject(original_key: bytes | str | None, original_topic: str, p
 
 
 def classify_dead_letter(dead_letter: Mapping[str, Any], event_time_ms: int, *, index: int = 0,
-                         partition: int | None = None) -> list[Increment]:
+                         partition: int | None = None,
+                         partition_of: Callable[[str], int] | None = None) -> list[Increment]:
     """A DeadLetter record (``streams.contracts.deadletter.dead_letter``) → ``dead_lettered``.
 
     ``event_time_ms``: the source record's Kafka timestamp (stable across replays).
     ``index``: the ordinal of this dead letter among those written for the same source record
     (a session event can break several rules). ``partition``: the partition whose state the
-    shell writes (default: ``original_partition``), used for an ``(unknown)`` key."""
+    shell writes (default: ``original_partition``), used for an ``(unknown)`` key.
+    ``partition_of``: the key -> partition rule (the shell passes ``Runtime.partition_of``); a
+    dead letter whose key belongs on another partition (a misrouted record: ``wrong_partition``)
+    counts under ``(unknown):<partition>``, since its key's row lives in a partition this one
+    never writes (a row there would be one that no worker publishes or re-partitions)."""
     topic = dead_letter.get("original_topic") or ""
     p = dead_letter.get("original_partition") if partition is None else partition
     subject = dead_letter_subject(dead_letter.get("original_key"), topic, p if isinstance(p, int) else None)
+    if partition_of is not None and isinstance(p, int) and subject_partition(subject, partition_of) != p:
+        subject = unknown_subject(p)
     off = dead_letter.get("original_offset")
     did = f"dlq:{topic}:{dead_letter.get('original_partition')}:{off}:{index}" if isinstance(off, int) else None
     return [Increment(subject, int(event_time_ms), {"dead_lettered": 1}, did)]

@@ -121,14 +121,20 @@ def _policy_set(policy: str) -> frozenset[str]:
     return frozenset(p.strip() for p in policy.split(",") if p.strip())
 
 
-def missing_topics(settings: Settings, admin: AdminClient | None = None, timeout: float = 15.0) -> list[str]:
-    """Catalog topics that do not exist (the worker refuses to start while any is missing)."""
+def topic_partitions(settings: Settings, admin: AdminClient | None = None, timeout: float = 15.0) -> dict[str, int]:
+    """Every topic on the broker and its partition count."""
     admin = admin or admin_client(settings)
     try:
         md = admin.list_topics(timeout=timeout)
     except Exception as exc:  # noqa: BLE001 -- KafkaException: broker unreachable
         raise TopicError(f"cannot reach Kafka at {settings.broker} ({exc}); is the stack up? try `memstream dev up`") from None
-    return [t.name for t in catalog.topics() if t.name not in md.topics]
+    return {name: len(t.partitions) for name, t in md.topics.items()}
+
+
+def missing_topics(settings: Settings, topics: dict[str, int] | None = None) -> list[str]:
+    """Catalog topics that do not exist (the worker refuses to start while any is missing)."""
+    present = topic_partitions(settings) if topics is None else topics
+    return [t.name for t in catalog.topics() if t.name not in present]
 
 
 def ensure_internal(settings: Settings, topics: list[tuple[str, int, dict[str, str]]], timeout: float = 60.0,
@@ -144,6 +150,11 @@ def ensure_internal(settings: Settings, topics: list[tuple[str, int, dict[str, s
         raise TopicError(f"cannot reach Kafka at {settings.broker} ({exc}); is the stack up? try `memstream dev up`") from None
     new = [NewTopic(name, partitions, settings.replication, config=dict(config))
            for name, partitions, config in topics if name not in md.topics]
+    for name, partitions, _config in topics:
+        have = len(md.topics[name].partitions) if name in md.topics and md.topics[name].error is None else partitions
+        if have != partitions:
+            raise TopicError(f"{name} has {have} partitions, this deployment runs on {partitions}: its partition count "
+                             "was changed by hand; use `memstream repartition --to M`, which carries the tables' state")
     for name, fut in (admin.create_topics(new, request_timeout=timeout).items() if new else ()):
         try:
             fut.result()

@@ -71,6 +71,8 @@ PRIVATE_API: tuple[tuple[str, str], ...] = (
     ("aiokafka.consumer.consumer:AIOKafkaConsumer", "_fetch_max_wait_ms"),
     ("aiokafka.consumer.consumer:AIOKafkaConsumer", "_fetcher"),
     ("aiokafka.consumer.fetcher:Fetcher", "_fetch_min_bytes"),
+    ("aiokafka.consumer.fetcher:Fetcher", "_subscriptions"),
+    ("faust.transport.drivers.aiokafka:AIOKafkaConsumerThread", "_ensure_consumer"),
     ("aiokafka.consumer.fetcher:Fetcher", "_fetch_max_wait_ms"),
     ("mode.worker:Worker", "_schedule_shutdown"),
     ("mode.worker:Worker", "_signal_stop_time"),
@@ -230,6 +232,22 @@ def consumer_thread(consumer: Any) -> Any:
     """The consumer's aiokafka thread (faust-streaming 0.15.3 `ThreadDelegateConsumer._thread`):
     rebalance.py asks it for the assignment and seeks partitions there to their beginning."""
     return consumer._thread
+
+
+def position_known(thread: Any, tp: TP) -> bool:
+    """Whether aiokafka knows where `tp`'s next fetch starts (faust-streaming 0.15.3
+    `AIOKafkaConsumerThread._ensure_consumer`, aiokafka 0.14.0 `Fetcher._subscriptions` and the
+    partition state's public `has_valid_position`): between an assignment and the seek that
+    gives a partition its position it does not, and Faust's livelock check reading `position`
+    then fails an assertion that crashes the consumer (rebalance.py defect 9)."""
+    from aiokafka.structs import TopicPartition
+
+    consumer = thread._ensure_consumer()
+    assignment = consumer._fetcher._subscriptions.subscription
+    if assignment is None:
+        return False
+    state = assignment.assignment.state_value(TopicPartition(tp.topic, tp.partition))
+    return state is not None and bool(state.has_valid_position)
 
 
 def read_committed(aiokafka_consumer: Any) -> None:

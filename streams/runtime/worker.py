@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streams.contracts.topics import TopicError, missing_topics
+from streams.contracts.topics import TopicError, missing_topics, topic_partitions
 from streams.settings import Settings
 
 if TYPE_CHECKING:
@@ -25,11 +25,17 @@ log = logging.getLogger("memstream.worker")
 def run(settings: Settings, create_runtime: Callable[[Settings], Runtime]) -> int:
     """Run one worker until it is stopped; `create_runtime` builds its Runtime with every agent
     and view registered (streams/composition.py: the runtime does not know them)."""
-    missing = missing_topics(settings)
+    broker_topics = topic_partitions(settings)
+    missing = missing_topics(settings, broker_topics)
     if missing:
         raise TopicError(
             f"{len(missing)} catalog topic(s) missing ({', '.join(missing[:3])}…); run `memstream topics apply` first"
         )
+    from streams.runtime import generation
+
+    base_app_id = settings.app_id
+    settings = generation.resolve(settings, set(broker_topics))  # its generation's group and changelogs
+    refuse_partition_drift(settings, broker_topics)
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
     from streams.contracts.topics import ensure_internal
     from streams.runtime import faust_internals
@@ -39,6 +45,7 @@ def run(settings: Settings, create_runtime: Callable[[Settings], Runtime]) -> in
     created = ensure_internal(settings, rt.internal_topics)
     if created:
         log.info("created internal topics %s", ", ".join(created))
+    keep_tables_of(settings.app_id, base_app_id, Path(settings.data_dir), Path(app.conf.tabledir))
     # The worker keeps a large, long-lived heap (every local user's state and index): collect
     # the young generations less often and never rescan what was there at start-up.
     gc.set_threshold(50_000, 20, 100)
@@ -93,6 +100,38 @@ def cluster_id(settings: Settings) -> str:
         return admin_client(settings).list_topics(timeout=15).cluster_id or ""
     except Exception as exc:  # noqa: BLE001
         raise TopicError(f"cannot reach Kafka at {settings.broker} ({exc})") from None
+
+
+def refuse_partition_drift(settings: Settings, topics: dict[str, int]) -> None:
+    """A worker runs only where every catalog topic has MEMSTREAM_PARTITIONS partitions: with
+    another count it would judge keys by the wrong partition and read the wrong state."""
+    from streams.contracts import catalog
+
+    wrong = [(t.name, topics[t.name]) for t in catalog.topics() if topics.get(t.name, settings.partitions) != settings.partitions]
+    if wrong:
+        name, n = wrong[0]
+        raise TopicError(
+            f"{name} has {n} partitions but MEMSTREAM_PARTITIONS is {settings.partitions} "
+            f"({len(wrong)} catalog topic(s) differ): set MEMSTREAM_PARTITIONS to the deployment's count; to change "
+            "the count, use `memstream repartition --to M` (raising partitions by hand leaves the tables' state behind)")
+
+
+TABLES_OF = "tables-of"  #: a data dir's file naming the app id (generation) its local tables mirror
+
+
+def keep_tables_of(app_id: str, base_app_id: str, data_dir: Path, tabledir: Path) -> None:
+    """The local tables mirror one generation's changelogs (Faust keeps a store's changelog
+    offset, not the topic's name): a data dir that last ran another generation (or, without the
+    file, the deployment's first one) has its tables discarded, then recovered from this
+    generation's changelogs."""
+    marker = data_dir / TABLES_OF
+    owner = marker.read_text().strip() if marker.exists() else base_app_id
+    if owner != app_id and tabledir.exists():
+        log.warning("the local tables in %s mirror %s, this worker runs %s: discarding them; "
+                    "they are recovered from %s's changelogs", tabledir, owner, app_id, app_id)
+        shutil.rmtree(tabledir)
+    if owner != app_id or not marker.exists():
+        marker.write_text(app_id + "\n")
 
 
 def discard_local_tables(tabledir: Path) -> None:

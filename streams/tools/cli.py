@@ -28,6 +28,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from streams.tools.erase import EraseError
 
     errors.append(EraseError)
+    from streams.runtime.generation import GenerationError
+
+    errors.append(GenerationError)
     try:
         from streams.contracts.wire import WireFormatError
 
@@ -175,6 +178,12 @@ def _dlq(args: argparse.Namespace, s: Settings) -> int:
     return _ops_call(run)
 
 
+def _repartition(args: argparse.Namespace, s: Settings) -> int:
+    from streams.tools import repartition
+
+    return _ops_call(lambda: repartition.run(s, args.to))
+
+
 def _erase(args: argparse.Namespace, s: Settings) -> int:
     from streams.tools.erase import erase
 
@@ -194,6 +203,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "status": _status,
     "dlq": _dlq,
     "erase": _erase,
+    "repartition": _repartition,
 }
 
 
@@ -272,6 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--topic", help="only dead letters from this original topic")
     rep.add_argument("--stage", help="only this stage")
     rep.add_argument("--dry-run", action="store_true", help="list what would be replayed; send nothing")
+
+    rp = sub.add_parser("repartition", help="take the stopped deployment to more partitions, its tables' state carried "
+                        "(docs/scaling-out.md); run again to finish an interrupted run")
+    rp.add_argument("--to", type=int, required=True, metavar="M", help="the new partition count (more than now)")
 
     er = sub.add_parser("erase", help="erase a user: every memory node, negotiator memory, relay policy and analytics "
                         "row (the pipeline applies it and writes a receipt to memory.erase-receipts.v1)")

@@ -71,10 +71,10 @@ def group_lag(settings: Settings, group: str, ends: Offsets) -> int:
         c.close()
     behind = {(tp.topic, tp.partition): max(tp.offset, 0) for tp in committed
               if ends[(tp.topic, tp.partition)] > max(tp.offset, 0)}
-    return sum(ends[tp] - off for tp, off in behind.items() if not _only_markers(settings, tp, off, ends[tp]))
+    return sum(ends[tp] - off for tp, off in behind.items() if not only_markers(settings, tp, off, ends[tp]))
 
 
-def _only_markers(settings: Settings, tp: tuple[str, int], start: int, end: int, timeout: float = 3.0) -> bool:
+def only_markers(settings: Settings, tp: tuple[str, int], start: int, end: int, timeout: float = 3.0) -> bool:
     """True when a read_committed reader finds no record in [start, end) of the partition (only
     transaction markers, or aborted records); False when it finds one or cannot tell in time."""
     if end - start > 16:  # markers come one per transaction: a longer stretch holds records

@@ -80,6 +80,7 @@ from typing import NoReturn, Protocol
 from streams.contracts import catalog, deadletter
 from streams.contracts.wire import CodecFactory, RegistryError, WireFormatError, encode_key
 from streams.core.limits import DEFAULT_LIMITS, Limits
+from streams.core.repartition import is_move_tombstone
 from streams.graphs import paths
 from streams.graphs.shipper_state import (
     HEADER_LINE_ID,
@@ -384,7 +385,8 @@ class KafkaSink:
                         continue
                     name = key[len(prefix.encode()):].decode("utf-8", "replace")
                     if m.value() is None:
-                        positions.pop(name, None)
+                        if not is_move_tombstone(m.headers()):  # a re-partition moved it: not deleted
+                            positions.pop(name, None)
                     else:
                         shipper, file, position = position_from_record(self._codec.decode(m.value()))  # type: ignore[arg-type]
                         if shipper == self.shipper_id and file == name:

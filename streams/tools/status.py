@@ -174,10 +174,13 @@ def collect_status(settings: Settings, workers: list[str] | None = None) -> Grou
     from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
-    group = settings.app_id
+    from streams.runtime import generation
+
     admin = AdminClient({"bootstrap.servers": settings.broker, "log_level": 0})
     try:
         md = admin.list_topics(timeout=KAFKA_TIMEOUT_S)
+        gen = generation.read(settings, set(md.topics))
+        group = settings.app_id if gen is None else gen.group  # a re-partitioned deployment's current group
         desc = admin.describe_consumer_groups([group], request_timeout=KAFKA_TIMEOUT_S)[group].result()
         committed_tps = admin.list_consumer_group_offsets(
             [ConsumerGroupTopicPartitions(group)], request_timeout=KAFKA_TIMEOUT_S)[group].result().topic_partitions

@@ -175,3 +175,38 @@ def test_a_callback_queued_just_before_the_queue_stopped_is_given_up(offline_run
 
     ran = _run_callbacks(offline_runtime, monkeypatch, queue_stopped)
     assert ran == []  # and returned: without the check, wait_for above raises at 10 s
+
+
+def test_the_livelock_check_skips_a_partition_assigned_but_not_yet_sought(monkeypatch):
+    """Defect 9: Faust's livelock check read the fetch position of a partition aiokafka had not
+    positioned yet, and aiokafka's assertion crashed the consumer. `position_known` (real
+    aiokafka subscription state) says when the check may look; the consumer skips it before."""
+    from types import SimpleNamespace
+
+    from aiokafka.consumer.subscription_state import SubscriptionState
+    from aiokafka.structs import TopicPartition
+
+    from streams.runtime.faust_internals import position_known
+
+    async def check() -> tuple[bool, bool, bool]:
+        subs = SubscriptionState()
+        thread = SimpleNamespace(_ensure_consumer=lambda: SimpleNamespace(_fetcher=SimpleNamespace(_subscriptions=subs)))
+        before_assignment = position_known(thread, TP("t", 0))
+        subs.assign_from_user({TopicPartition("t", 0)})
+        assigned = position_known(thread, TP("t", 0))
+        subs.seek(TopicPartition("t", 0), 5)
+        return before_assignment, assigned, position_known(thread, TP("t", 0))
+
+    assert asyncio.run(check()) == (False, False, True)
+
+    class Probe(RebalanceSafeConsumer):
+        def __init__(self) -> None:  # no app: only the check's guard is exercised
+            pass
+
+    checked: list[TP] = []
+    monkeypatch.setattr(rebalance.faust_aiokafka.Consumer, "verify_event_path", lambda self, now, tp: checked.append(tp))
+    monkeypatch.setattr(rebalance, "consumer_thread", lambda consumer: None)
+    for known in (False, True):
+        monkeypatch.setattr(rebalance, "position_known", lambda thread, tp, known=known: known)
+        Probe().verify_event_path(0.0, TP("t", 0))
+    assert checked == [TP("t", 0)]  # checked only once the position is known
