@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from streams.contracts import catalog
 from streams.contracts.wire import encode_key
 from streams.core.partitioning import partition_for
 from streams.settings import Settings
+from streams.tools import kafkatools
 from streams.tools.progress import Progress
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,22 +89,28 @@ def main(argv: list[str] | None = None) -> int:
         load = os.getloadavg()
         say(f"== memstream repartition --to {args.to} (load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})")
         started = time.monotonic()
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        proc = subprocess.run([sys.executable, "-m", "streams", "repartition", "--to", str(args.to)], cwd=ROOT,
-                              env={**os.environ, **env}, stdout=subprocess.PIPE, text=True)
+        out = ROOT / ".memstream" / "bench-repartition.json"
+        with open(out, "w") as stdout:
+            proc = subprocess.Popen([sys.executable, "-m", "streams", "repartition", "--to", str(args.to)], cwd=ROOT,
+                                    env={**os.environ, **env}, stdout=stdout)
+            peak = cpu = 0.0
+            while proc.poll() is None:  # the command's own peak RSS and CPU, sampled until it exits
+                try:
+                    peak, cpu = kafkatools.peak_rss_mib(proc.pid), kafkatools.cpu_seconds(proc.pid)
+                except (OSError, RuntimeError):
+                    pass
+                time.sleep(0.2)
         wall = time.monotonic() - started
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if proc.returncode != 0:
             raise SystemExit(f"memstream repartition exited {proc.returncode}")
-        summary = json.loads(proc.stdout)
-        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        summary = json.loads(out.read_text())
         rows_copied = sum(t["rows"] for t in summary["tables"].values())
         moved = sum(o["moved"] for o in summary["outputs"].values())
         print(f"\n{time.strftime('%Y-%m-%d %H:%M')} on {machine()}")
         print("| nodes | table rows copied | output rows moved | partitions | wall | CPU | peak RSS | load before |")
         print("|---|---|---|---|---|---|---|---|")
         print(f"| {args.nodes:,} | {rows_copied:,} | {moved:,} | {args.from_partitions} → {args.to} | {wall:.1f} s "
-              f"| {cpu:.1f} s | {after.ru_maxrss / 1024:.0f} MiB | {load[0]:.2f} |")
+              f"| {cpu:.1f} s | {peak:.0f} MiB | {load[0]:.2f} |")
     finally:
         if not args.keep:
             cli(env, "dev", "down", "--wipe", check=False)

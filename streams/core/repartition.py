@@ -22,7 +22,7 @@ Pure: no Kafka client; the shell reads and writes the topics.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from .partitioning import partition_for
@@ -169,31 +169,60 @@ class Move:
     tombstones: list[tuple[int, bytes, int]]  # (partition, key, moved to)
 
 
-def plan_move(rows: Rows, partitions: int) -> Move:
-    """The move of the live rows of a compacted output topic (all its partitions) to their key's
-    partition among `partitions` (murmur2 of the key bytes: where the workers write it). A row
-    whose key is already live at its partition is not put again (that row is newer: written
-    there since the partition count was raised, or put by an interrupted run), only tombstoned."""
+Held = Mapping[bytes, Collection[int]]  #: key -> every partition holding a live row of it
+
+
+def live_keys(records: Iterable[tuple[int, bytes, bytes | None]]) -> dict[bytes, set[int]]:
+    """Which partitions hold a live row of each key (a compacted topic read in offset order per
+    partition), without keeping the values: the first pass of a move, over the whole topic."""
+    latest: dict[tuple[int, bytes], bool] = {}
+    for partition, key, value in records:
+        latest[(partition, key)] = value is not None
+    held: dict[bytes, set[int]] = {}
+    for (p, key), live in latest.items():
+        if live:
+            held.setdefault(key, set()).add(p)
+    return held
+
+
+def plan_move(rows: Rows, partitions: int, held: Held | None = None) -> Move:
+    """The move of live rows of a compacted output topic to their key's partition among
+    `partitions` (murmur2 of the key bytes: where the workers write it). `rows` may be one
+    partition's; `held` then says where every key of the whole topic is live (default: `rows`
+    are the whole topic). A row whose key is already live at its partition is not put again
+    (that row is newer: written there since the count was raised, or put by an interrupted run),
+    only tombstoned."""
+    held = _held(rows) if held is None else held
     puts, tombstones = [], []
     for (p, key), value in sorted(rows.items()):
         dest = partition_for(key, partitions)
         if dest == p:
             continue
-        if (dest, key) not in rows:
+        if dest not in held[key]:
             puts.append((dest, key, value))
         tombstones.append((p, key, dest))
     return Move(puts, tombstones)
 
 
-def after_move(rows: Rows, partitions: int) -> Rows:
-    """The live rows of a compacted output topic once `plan_move(rows)` is written."""
-    move = plan_move(rows, partitions)
-    out = dict(rows)
-    for p, key, _dest in move.tombstones:
-        del out[(p, key)]
-    for dest, key, value in move.puts:
-        out[(dest, key)] = value
+def after_move(rows: Rows, partitions: int, held: Held | None = None) -> Rows:
+    """What `rows` contribute to the live rows of their topic once `plan_move(rows, partitions,
+    held)` is written (the whole topic's, when `rows` are all of it)."""
+    held = _held(rows) if held is None else held
+    out: Rows = {}
+    for (p, key), value in rows.items():
+        dest = partition_for(key, partitions)
+        if dest == p:
+            out[(p, key)] = value
+        elif dest not in held[key]:
+            out[(dest, key)] = value
     return out
+
+
+def _held(rows: Rows) -> dict[bytes, set[int]]:
+    held: dict[bytes, set[int]] = {}
+    for p, key in rows:
+        held.setdefault(key, set()).add(p)
+    return held
 
 
 def is_move_tombstone(headers: Iterable[tuple[str, object]] | Mapping[str, object] | None) -> bool:

@@ -131,6 +131,37 @@ def test_moving_a_compacted_topic_converges_from_any_interruption(by_key, n, ext
     assert r.after_move(partial, m) == final
 
 
+@settings(max_examples=100, deadline=None)
+@given(compacted, st.integers(1, 6), st.integers(1, 6), st.data())
+def test_a_move_planned_one_partition_at_a_time_is_the_whole_topic_s(by_key, n, extra, data):
+    """The command reads one partition at a time, knowing only where every key is live
+    (`live_keys`): the same puts, tombstones and final rows as a plan over the whole topic, from
+    any state an interrupted run leaves."""
+    m = n + extra
+    rows = {(partition_for(k, n), k): v for k, v in by_key.items()}
+    whole = r.plan_move(rows, m)
+    done = data.draw(st.integers(0, len(whole.puts)))
+    for dest, k, v in whole.puts[:done]:  # an earlier run put some rows, tombstoned none
+        rows[(dest, k)] = v
+    held = r.live_keys((p, k, v) for (p, k), v in sorted(rows.items()))
+    assert held == {k: {p for (p, kk) in rows if kk == k} for k in {k for _p, k in rows}}
+    by_partition: dict[int, r.Rows] = {}
+    for (p, k), v in rows.items():
+        by_partition.setdefault(p, {})[(p, k)] = v
+    puts, tombstones, final = [], [], {}
+    for p in sorted(by_partition):
+        move = r.plan_move(by_partition[p], m, held)
+        puts += move.puts
+        tombstones += move.tombstones
+        final.update(r.after_move(by_partition[p], m, held))
+    assert sorted(puts) == sorted(r.plan_move(rows, m).puts) and sorted(tombstones) == sorted(r.plan_move(rows, m).tombstones)
+    assert final == r.after_move(rows, m) == {(partition_for(k, m), k): v for k, v in by_key.items()}
+
+
+def test_live_keys_follows_tombstones():
+    assert r.live_keys([(0, b"a", b"1"), (1, b"a", b"1"), (0, b"a", None), (2, b"b", b"2")]) == {b"a": {1}, b"b": {2}}
+
+
 def test_a_row_already_at_its_new_partition_wins():
     """A key written at its new partition since the raise (a shipper's position) is newer than
     the row left at the old one: the move only tombstones the old row."""
