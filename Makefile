@@ -29,7 +29,7 @@ demo: $(STAMP)
 # one test at a time; PYTEST_WORKERS=0 runs it in this process alone.
 PYTEST_WORKERS ?= 4
 test: $(STAMP) lint browser
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
 
 # ruff (rules in pyproject.toml), mypy (files and strictness in pyproject.toml), then no import
 # circle between modules or packages (scripts/import_graph.py --check); the

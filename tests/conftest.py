@@ -135,11 +135,63 @@ def unique():
 FAULT_SUITE_ENV = "MEMSTREAM_FAULT_SUITE"
 
 
+#: Tests that take minutes (fleets, stacks of their own, client builds), with rough weights in
+#: seconds on the 2-vCPU VM: under pytest-xdist they start first, one share per process, so
+#: none of them begins last and stretches the run (`_long_tests_first`). A module with a
+#: module-scoped stack of its own is one unit (its tests stay together).
+LONG_TESTS: dict[str, int] = {
+    "tests/tools/test_repartition_kafka.py": 300,
+    "tests/system/test_faults_kafka.py::test_sigkill_and_restart_several_times_mid_stream": 120,
+    "tests/system/test_faults_kafka.py::test_worker_added_and_removed_while_records_flow": 100,
+    "tests/system/test_faults_kafka.py::test_broker_restart_mid_stream": 100,
+    "tests/system/test_faults_kafka.py::test_failover_to_a_standby_replica": 90,
+    "tests/examples/test_examples_kafka.py": 120,
+    "tests/runtime/test_registry_kafka.py": 120,
+}
+
+
+def _long_tests_first(items: list, workers: int) -> list:
+    """The order in which pytest-xdist's worksteal scheduler hands each process, at the start, one
+    contiguous share of the collection (process i gets the next `pending // (workers - i)`
+    items), with the long tests spread over the shares' heads (heaviest first, to the lightest
+    share) and every other test after them in collection order. Every process computes the same
+    order (collection must agree)."""
+    def unit(item) -> str | None:
+        path = item.nodeid.split("::", 1)[0]
+        return item.nodeid if item.nodeid in LONG_TESTS else path if path in LONG_TESTS else None
+
+    long_units: dict[str, list] = {}
+    rest = []
+    for item in items:
+        u = unit(item)
+        (long_units.setdefault(u, []) if u is not None else rest).append(item)
+    if not long_units:
+        return items
+    heads: list[list] = [[] for _ in range(workers)]
+    load = [0] * workers
+    for u in sorted(long_units, key=lambda u: (-LONG_TESTS[u], u)):
+        i = load.index(min(load))
+        heads[i] += long_units[u]
+        load[i] += LONG_TESTS[u]
+    out, pending = [], len(items)
+    for i in range(workers):
+        share = pending // (workers - i)
+        fill = max(0, share - len(heads[i]))
+        out += heads[i] + rest[:fill]
+        del rest[:fill]
+        pending -= len(heads[i]) + fill
+    return out + rest
+
+
 def pytest_collection_modifyitems(config, items):
-    """The fault suite (tests/system/test_faults_kafka.py, marker `faults`) runs with the rest
+    """Under pytest-xdist, the long tests first (`_long_tests_first`).
+
+    The fault suite (tests/system/test_faults_kafka.py, marker `faults`) runs with the rest
     (issue 12 item 6: the four Faust paths that committed across unapplied records are closed,
     docs/state-and-failures.md §5). It takes ~6-10 minutes; `MEMSTREAM_FAULT_SUITE=0` skips it
     for a quicker local run (`make test-faults` runs it alone)."""
+    if WORKER_COUNT > 1:
+        items[:] = _long_tests_first(items, WORKER_COUNT)
     if os.environ.get(FAULT_SUITE_ENV, "1") != "0":
         return
     skip = pytest.mark.skip(reason=f"fault suite skipped by {FAULT_SUITE_ENV}=0")
