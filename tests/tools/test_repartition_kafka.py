@@ -41,6 +41,7 @@ ENV = {**OWN, "MEMSTREAM_STACK_DIR": str(ROOT / ".memstream" / f"repartition-tes
 BEFORE, AFTER = 6, 12
 INPUTS = [t.name for t in catalog.topics() if t.direction == "in"]
 EVENT_TOPICS = [catalog.MEMORY_LEDGER, catalog.MEMORY_RELAY]
+READY_S = 360  #: four workers starting at once on two busy cores (load 20+) took over 120 s
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +96,7 @@ def fleet(s: Settings, app_id: str, partitions: int) -> Fleet:
                              "MEMSTREAM_STANDBY_REPLICAS": "1"})
 
 
-def caught_up(s: Settings, group: str, f: Fleet, timeout: float = 300) -> None:
+def caught_up(s: Settings, group: str, f: Fleet, timeout: float = 600) -> None:
     ends = kafkatools.end_offsets(s, INPUTS)
     deadline = time.monotonic() + timeout
     while (lag := kafkatools.group_lag(s, group, ends)) > 0:
@@ -172,7 +173,8 @@ def reference(s0: Settings, tag: str) -> tuple[dict, dict]:
     ref = fleet(s, "rp-ref", AFTER)
     ref.env["MEMSTREAM_STANDBY_REPLICAS"] = "0"
     try:
-        ref.start("only")
+        ref.start("only", wait=False)
+        ref.wait_ready("only", READY_S)
         caught_up(s, "rp-ref", ref)
         got = answers(ref.ports["only"], users)
     finally:
@@ -214,8 +216,9 @@ def scenario(s0: Settings, tag: str, app: str, kill: bool) -> tuple[dict, dict]:
     produce(s, first)
     produce(s, extra[:1], partition=wrong)
     before = fleet(s, app, BEFORE)
-    before.start("a")
+    before.start("a", wait=False)
     try:
+        before.wait_ready("a", READY_S)
         caught_up(s, app, before)
         alive = repartition(app, "--to", str(AFTER))
         assert alive is not None and alive.returncode == 2 and "are alive" in alive.stderr, alive.stderr
@@ -252,7 +255,7 @@ def scenario(s0: Settings, tag: str, app: str, kill: bool) -> tuple[dict, dict]:
         for name in "abcd":
             after.start(name, wait=False)
         for name in "abcd":
-            after.wait_ready(name)
+            after.wait_ready(name, READY_S)
         caught_up(s12, group, after)
         dead = outputs(s12, AFTER)["dead"]
         # at least once: a batch read again after a rebalance repeats its dead letter, same source
