@@ -417,9 +417,44 @@ def test_a_sweep_in_slices_reads_every_user_once_per_cycle_and_at_most_the_budge
     assert len(flat) >= len(cycle) and flat == (cycle * (len(flat) + 1))[:len(flat)]
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.dictionaries(st.text(alphabet="abc-/0", min_size=1, max_size=4).filter(lambda u: "/" not in u),
+                       st.integers(1, 9), max_size=25), st.integers(1, 5))
+def test_a_sweep_tick_stops_once_its_time_budget_is_spent_and_the_next_goes_on(users, per_tick):
+    """Issue 34: after a restart a tick read every row of its partition from RocksDB (nothing
+    loaded yet) while the event loop ran other ticks between users, and held the memory state's
+    lock for seconds (the agent applied ~5 records/s). With MEMSTREAM_HOUSEKEEPING_MAX_SECONDS_PER_TICK
+    a tick stops at the first user read after its budget is spent, whatever the row budget
+    leaves, and the sweep still reads every user once per cycle, in id order. The clock is
+    fake: every user read takes 1 s, the budget is `per_tick` s."""
+    class Plain(dict):
+        data = object()
+
+    now = [0.0]
+    table = Plain({f"{u}/n{i}" if i else u: {"i": i} for u, n in users.items() for i in range(n)})
+    slices = SweepSlices(10**9, max_seconds=per_tick, clock=lambda: now[0])
+    flat: list[str] = []
+    for _tick in range(2 * len(users) + 2):
+        after, tick = slices.start(0), []
+        for user, rows in state_scan.users_rows(table, 0, lambda u: 0, after):
+            rows()
+            now[0] += 1.0  # reading this user took a second
+            tick.append(user)
+            if slices.read(0, user, 1):
+                break
+        assert len(tick) <= per_tick  # the lock is given back once the budget is spent
+        # ... and not before, unless the cycle ended (empty: the previous tick ended on the last user)
+        assert len(tick) == per_tick or not tick or tick[-1] == max(users)
+        flat += tick
+    cycle = sorted(users)
+    assert len(flat) >= len(cycle) and flat == (cycle * (len(flat) + 1))[:len(flat)]
+
+
 def test_the_sweep_budget_must_be_positive():
     with pytest.raises(ValueError):
         SweepSlices(0)
+    with pytest.raises(ValueError):
+        SweepSlices(1, max_seconds=0)
 
 
 def test_a_store_without_rocksdb_is_scanned_whole():
@@ -503,3 +538,12 @@ def test_a_bound_below_one_is_a_settings_error_naming_the_variable(var, value):
 
     with pytest.raises(SettingsError, match=f"{var}={value} must be at least 1"):
         Settings.from_env({var: value})
+
+
+@pytest.mark.parametrize("value", ["0", "-0.5"])
+def test_a_tick_time_budget_not_above_zero_is_a_settings_error(value):
+    from streams.settings import Settings, SettingsError
+
+    assert Settings.from_env({}).housekeeping_max_seconds_per_tick == 0.1
+    with pytest.raises(SettingsError, match=f"MEMSTREAM_HOUSEKEEPING_MAX_SECONDS_PER_TICK={float(value)} must be more than 0"):
+        Settings.from_env({"MEMSTREAM_HOUSEKEEPING_MAX_SECONDS_PER_TICK": value})
