@@ -1,4 +1,5 @@
-"""Reading one user's `memory-state` rows without reading the whole table, through Faust's store
+"""Reading one user's `memory-state` rows (and one partition's rows of any table: `partition_items`)
+without reading the whole table, through Faust's store
 internals (faust-streaming 0.15.3), reached only by the `rocksdb_*` functions of
 `streams.runtime.faust_internals`.
 
@@ -108,6 +109,30 @@ def partition_users(table: TableT, partition: int, partition_of, limit: int | No
         else:
             it.next()  # an aux row: its range (if any) follows, maybe after other users' keys
     return list(users)
+
+
+def partition_items(table: TableT, partition: int, owned: Callable[[str], bool]) -> list[tuple[str, Any]]:
+    """Every row `(key, value)` of one partition's store, values decoded (None values skipped).
+    RocksDB: the partition's own database only (when it is active here), not every active
+    partition's as the table's `items()` reads them; any other store: the table's items whose
+    key is `owned`. A partition-local timer that read the whole table at each of its ticks read
+    it once per owned partition per interval: a cost that grows with the square of the
+    partitions a worker owns (issue 34, bench/RESULTS.md)."""
+    store = rocksdb_store(table)
+    if store is None:
+        return [(k, v) for k, v in table.items() if v is not None and owned(k)]
+    db = _active_db(store, table, partition)
+    if db is None:
+        return []
+    offset_key, decode = store.offset_key, rocksdb_value_decoder(store)
+    out = []
+    for key, value in db.items():
+        if key == offset_key:
+            continue
+        row = decode(value)
+        if row is not None:
+            out.append((key.decode(), row))
+    return out
 
 
 def users_rows(table: TableT, partition: int, partition_of, after: str | None = None

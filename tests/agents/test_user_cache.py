@@ -457,6 +457,47 @@ def test_the_sweep_budget_must_be_positive():
         SweepSlices(1, max_seconds=0)
 
 
+def test_a_partition_local_timer_reads_and_decodes_only_its_partitions_rows(tmp_path):
+    """Issue 34: the analytics tick of each partition read (and decoded) every row of every
+    active partition to keep its own, so a worker owning P partitions decoded the table P times
+    per interval; a worker restarted alone spent most of its event loop there. `partition_items`
+    reads the tick's partition's store only; another store is filtered by `owned`."""
+    decoded: list[bytes] = []
+
+    class Counting(_Store):
+        def _decode_value(self, value: bytes) -> Any:
+            decoded.append(value)
+            return json.loads(value)
+
+    store = Counting(tmp_path)
+    rows = {p: {f"s{p}-{i}": {"p": p, "i": i} for i in range(5)} for p in (0, 1)}
+    for p, mine in rows.items():
+        db = store._db_for_partition(p)
+        db[store.offset_key] = b"7"
+        for key, row in mine.items():
+            db[key.encode()] = json.dumps(row).encode()
+    table = _Table(store)
+    for p in (0, 1):
+        decoded.clear()
+        got = state_scan.partition_items(table, p, owned=lambda _k: False)  # not asked: RocksDB reads the partition
+        assert sorted(got) == sorted(rows[p].items())
+        assert len(decoded) == len(rows[p])  # the other partition's rows were not read
+    standby = TP(_Table.changelog_topic_name, 1)
+    ACTIVE.discard(standby)  # a standby copy is not read
+    try:
+        assert state_scan.partition_items(table, 1, owned=lambda _k: True) == []
+    finally:
+        ACTIVE.add(standby)
+    for db in store._dbs.values():
+        db.close()
+
+    class Plain(dict):
+        data = object()  # memory://: one dict for every partition
+
+    plain = Plain({"a": {"n": 1}, "b": {"n": 2}, "c": None})
+    assert state_scan.partition_items(plain, 0, owned=lambda k: k != "b") == [("a", {"n": 1})]
+
+
 def test_a_store_without_rocksdb_is_scanned_whole():
     class Plain(dict):
         data = object()  # memory://: no per-partition databases
