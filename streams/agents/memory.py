@@ -254,7 +254,7 @@ def register(rt: Runtime) -> MemoryAgent:
         event loop runs between users."""
         after = slices.start(partition)
         for user, um, redo, rows in store.partition_users(partition, lambda rows: may_expire(rows, now_ms, retention),
-                                                          after):
+                                                          after, lambda list_them: slices.users(partition, list_them)):
             if um is not None:
                 out = sweep_memory(um, now_ms, retention)
                 if out.ledger or out.node_deletions:

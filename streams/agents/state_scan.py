@@ -21,6 +21,7 @@ table's items: right, but it reads every row, so memory:// pays a full scan per 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -135,18 +136,20 @@ def partition_items(table: TableT, partition: int, owned: Callable[[str], bool])
     return out
 
 
-def users_rows(table: TableT, partition: int, partition_of, after: str | None = None
-               ) -> Iterator[tuple[str, Callable[[], list]]]:
+def users_rows(table: TableT, partition: int, partition_of, after: str | None = None,
+               users: list[str] | None = None) -> Iterator[tuple[str, Callable[[], list]]]:
     """`(user, rows)` for every user of `partition` in user-id order (after `after`, when given:
     where a sweep in slices resumes), one user at a time, `rows()` reading that user's rows when
-    called: RocksDB reads each user's range then; another store is read once and grouped."""
+    called: RocksDB reads each user's range then; another store is read once and grouped.
+    `users`: the partition's users as listed before (sorted; `SweepSlices.users`), instead of
+    listing them again (a skip scan that seeks once per user of the partition)."""
     if rocksdb_store(table) is None:
         grouped = group_rows((k, v) for k, v in table.items() if partition_of(k.partition(KEY_SEP)[0]) == partition)
-        for user in sorted(grouped):
+        for user in sorted(grouped) if users is None else [u for u in users if u in grouped]:
             rows = grouped.pop(user)
             if after is None or user > after:
                 yield user, (lambda rows=rows: rows)  # type: ignore[misc]
         return
-    for user in sorted(partition_users(table, partition, partition_of)):
-        if after is None or user > after:
-            yield user, (lambda user=user: user_rows(table, user, partition))  # type: ignore[misc]
+    listed = sorted(partition_users(table, partition, partition_of)) if users is None else users
+    for user in listed[0 if after is None else bisect.bisect_right(listed, after):]:
+        yield user, (lambda user=user: user_rows(table, user, partition))  # type: ignore[misc]

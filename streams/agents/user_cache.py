@@ -300,12 +300,26 @@ class SweepSlices:
         self._after: dict[int, str] = {}
         self._read: dict[int, int] = {}
         self._started: dict[int, float] = {}
+        self._users: dict[int, list[str]] = {}  #: each partition's users as listed when its cycle began
+        self._fresh: dict[int, bool] = {}  #: whether this tick begins a cycle (`start` returned None)
 
     def start(self, partition: int) -> str | None:
         """A tick begins: the user after which it resumes (None: from the first user)."""
         self._read[partition] = 0
         self._started[partition] = self.clock()
-        return self._after.pop(partition, None)
+        after = self._after.pop(partition, None)
+        self._fresh[partition] = after is None
+        return after
+
+    def users(self, partition: int, list_users: Callable[[], list[str]]) -> list[str]:
+        """The partition's users for this tick, sorted: listed (`list_users`) when a cycle
+        begins, else the list of the cycle's start, so a tick does not list every user of its
+        partition again (one seek per user) to resume after one. A user added meanwhile is swept
+        from the next cycle on (a new user has nothing expired yet); one removed reads no rows."""
+        if self._fresh.get(partition, True) or partition not in self._users:
+            self._users[partition] = sorted(list_users())
+            self._fresh[partition] = False
+        return self._users[partition]
 
     def read(self, partition: int, user: str, rows: int) -> bool:
         """`rows` rows of `user` were read; True when the tick's budget is spent, rows or time

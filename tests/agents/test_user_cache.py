@@ -377,6 +377,7 @@ def test_a_prefix_scan_of_the_users_partition_finds_exactly_the_users_rows(tmp_p
         # users in id order (a sweep in slices resumes after a user id), each with exactly its rows
         assert [(u, sorted(r(), key=lambda kv: kv[0])) for u, r in state_scan.users_rows(rocks, p, partition_of)] == \
             [(u, sorted(want[u], key=lambda kv: kv[0])) for u in mine]
+        assert [u for u, _r in state_scan.users_rows(rocks, p, partition_of, users=mine)] == mine
         if mine:
             after = mine[len(mine) // 2]
             assert [u for u, _ in state_scan.users_rows(rocks, p, partition_of, after)] == [u for u in mine if u > after]
@@ -448,6 +449,67 @@ def test_a_sweep_tick_stops_once_its_time_budget_is_spent_and_the_next_goes_on(u
         flat += tick
     cycle = sorted(users)
     assert len(flat) >= len(cycle) and flat == (cycle * (len(flat) + 1))[:len(flat)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.dictionaries(st.text(alphabet="abc-/0", min_size=1, max_size=4).filter(lambda u: "/" not in u),
+                       st.integers(1, 9), max_size=25), st.integers(1, 30))
+def test_a_sweep_lists_its_partitions_users_once_per_cycle_not_at_every_tick(users, budget):
+    """Listing a partition's users is a skip scan with one seek per user: done at every tick it
+    cost a partition of many users more than the tick's time budget before the first user was
+    read. `SweepSlices.users` lists them when a cycle begins and the cycle's ticks resume in that
+    list; the ticks read the same users in the same order as with a listing per tick."""
+    class Plain(dict):
+        data = object()
+
+    table = Plain({f"{u}/n{i}" if i else u: {"i": i} for u, n in users.items() for i in range(n)})
+    listed, cycles = [0], 0
+    listing = SweepSlices(budget)
+    fresh = SweepSlices(budget)
+
+    def list_them() -> list[str]:
+        listed[0] += 1
+        return state_scan.partition_users(table, 0, lambda u: 0)
+
+    for _tick in range(2 * len(users) + 2):
+        after = listing.start(0)
+        cycles += after is None
+        got = []
+        for user, rows in state_scan.users_rows(table, 0, lambda u: 0, after, listing.users(0, list_them)):
+            got.append(user)
+            if listing.read(0, user, len(rows())):
+                break
+        want, after2 = [], fresh.start(0)
+        for user, rows in state_scan.users_rows(table, 0, lambda u: 0, after2):
+            want.append(user)
+            if fresh.read(0, user, len(rows())):
+                break
+        assert got == want
+    assert listed[0] == cycles
+
+
+def test_a_user_added_during_a_cycle_is_swept_from_the_next_one(tmp_path):
+    store = _Store(tmp_path)
+    db = store._db_for_partition(0)
+    for user in ("a", "c"):
+        db[user.encode()] = json.dumps({"u": user}).encode()
+    table, slices = _Table(store), SweepSlices(1)  # one row a tick: one user a tick
+
+    def tick() -> list[str]:
+        after, read = slices.start(0), []
+        listed = slices.users(0, lambda: state_scan.partition_users(table, 0, lambda u: 0))
+        for user, rows in state_scan.users_rows(table, 0, lambda u: 0, after, listed):
+            read.append(user)
+            if slices.read(0, user, len(rows())):
+                break
+        return read
+
+    assert tick() == ["a"]
+    db[b"b"] = json.dumps({"u": "b"}).encode()  # a new user, between the two
+    assert tick() == ["c"]  # the cycle goes on in the list it began with
+    assert tick() == []  # ... to its end
+    assert [tick() for _ in range(3)] == [["a"], ["b"], ["c"]]
+    db.close()
 
 
 def test_the_sweep_budget_must_be_positive():
