@@ -99,6 +99,7 @@ class Settings:
     graph_stall_ms: int = field(default=15 * 60 * 1000, metadata={"doc": "A graph node running longer than this (ms) is flagged stalled."})
     timer_interval_s: float = field(default=30.0, metadata={"doc": "Seconds between runs of the partition-local housekeeping timers."})
     housekeeping_max_rows_per_tick: int = field(default=20_000, metadata={"doc": "Most `memory-state` rows one housekeeping tick reads in one partition (the sweep holds the memory state's lock, so the agent's batches wait for it): the next tick goes on after the last user read, and the sweep of a partition takes ceil(rows / this) ticks. A user is never split."})
+    housekeeping_max_seconds_per_tick: float = field(default=0.1, metadata={"doc": "Longest one housekeeping tick holds the memory state's lock in one partition (seconds, wall clock: the sweep lets the event loop run between users, and that time counts): the next tick goes on after the last user read. Without it a worker that owns many partitions, or whose users are not loaded yet (a restart), spent its time in sweeps and applied a few records a second. A user is never split."})
     # --- input limits (docs/records.md#limits): a record over one is dead-lettered, the limit named
     max_content_bytes: int = field(default=DEFAULT_LIMITS.max_content_bytes, metadata={"doc": "Most UTF-8 bytes of a memory's content (candidate, `memory_formed`): a node row and its events stay far below Kafka's 1 MB message limit."})
     max_embedding_dims: int = field(default=DEFAULT_LIMITS.max_embedding_dims, metadata={"doc": "Most dimensions of a candidate's embedding (the largest common embedding models have 3072–4096)."})
@@ -169,6 +170,9 @@ class Settings:
                 raise SettingsError(f"MEMSTREAM_{name.upper()}={getattr(self, name)} must be at least 1")
         if not 1 <= self.max_json_depth <= MAX_JSON_DEPTH_CEILING:  # the parser recurses per level
             raise SettingsError(f"MEMSTREAM_MAX_JSON_DEPTH={self.max_json_depth} must be between 1 and {MAX_JSON_DEPTH_CEILING}")
+        if not self.housekeeping_max_seconds_per_tick > 0:
+            raise SettingsError(f"MEMSTREAM_HOUSEKEEPING_MAX_SECONDS_PER_TICK={self.housekeeping_max_seconds_per_tick} "
+                                "must be more than 0")
         if not self.registry_timeout_s > 0:
             raise SettingsError(f"MEMSTREAM_REGISTRY_TIMEOUT_S={self.registry_timeout_s} must be more than 0")
         for name in ("prefill_nodes", "row_cache_bytes"):  # 0: none

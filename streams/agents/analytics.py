@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from streams.agents import state_scan
 from streams.analytics import (
     add_increment,
     classify_dead_letter,
@@ -106,8 +107,9 @@ def register(rt: Runtime) -> None:
     rt.add_hook(Hook())
 
     async def publish(cp: checkpoint.Checkpoint, partition: int, now_ms: int) -> None:
-        mine = [(s, st) for s, st in list(table.items())
-                if st is not None and subject_partition(s, rt.partition_of) == partition]
+        # the rows of this partition's store only (a scan of the whole table at every
+        # partition's tick cost a worker with many partitions most of its event loop)
+        mine = state_scan.partition_items(table, partition, lambda s: subject_partition(s, rt.partition_of) == partition)
         clock = partition_clock(st for _s, st in mine)
         for subject, state in mine:  # `state` is as read: rows change while the sends await
             pairs = records_due(state)

@@ -69,7 +69,8 @@ PROCESSOR = Processor(
              catalog.ERASE_REQUESTS),
     stores=(STATE_TABLE, "negotiator", "relay-policy"),
     timers=(Timer("memory-housekeeping", catalog.MEMORY_CANDIDATES,
-                  "decay and retention of the partition's users (MEMSTREAM_HOUSEKEEPING_MAX_ROWS_PER_TICK rows a tick)"),),
+                  "decay and retention of the partition's users (MEMSTREAM_HOUSEKEEPING_MAX_ROWS_PER_TICK rows, "
+                  "MEMSTREAM_HOUSEKEEPING_MAX_SECONDS_PER_TICK seconds a tick)"),),
     sinks=(catalog.MEMORY_LEDGER, catalog.MEMORY_RELAY, catalog.MEMORY_QUARANTINE, catalog.MEMORY_NODES,
            catalog.NEGOTIATOR_REPLIES, catalog.ERASE_REQUESTS, catalog.ERASE_RECEIPTS, catalog.MEMORY_ANALYTICS,
            catalog.DLQ),
@@ -242,17 +243,18 @@ def register(rt: Runtime) -> MemoryAgent:
                     request["request_id"], key, step.receipt["nodes_erased"], step.receipt["negotiator_memories_erased"],  # type: ignore[index]
                     "removed" if step.remove_relay_policy else "none", step.receipt["steps"])  # type: ignore[index]
 
-    slices = SweepSlices(rt.settings.housekeeping_max_rows_per_tick)
+    slices = SweepSlices(rt.settings.housekeeping_max_rows_per_tick, rt.settings.housekeeping_max_seconds_per_tick)
 
     async def housekeeping(cp: Checkpoint, partition: int, now_ms: int) -> None:
         """Decay and retention for the users of one partition (a partition-local timer), at most
-        MEMSTREAM_HOUSEKEEPING_MAX_ROWS_PER_TICK rows a tick (`SweepSlices`): each user's rows are
+        MEMSTREAM_HOUSEKEEPING_MAX_ROWS_PER_TICK rows and MEMSTREAM_HOUSEKEEPING_MAX_SECONDS_PER_TICK
+        of the memory state's lock a tick (`SweepSlices`): each user's rows are
         read in turn (a loaded user is used as it is), a user's state is built only when one of
         its node rows expires (`may_expire`), only a changed user is kept in the cache, and the
         event loop runs between users."""
         after = slices.start(partition)
         for user, um, redo, rows in store.partition_users(partition, lambda rows: may_expire(rows, now_ms, retention),
-                                                          after):
+                                                          after, lambda list_them: slices.users(partition, list_them)):
             if um is not None:
                 out = sweep_memory(um, now_ms, retention)
                 if out.ledger or out.node_deletions:

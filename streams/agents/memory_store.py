@@ -214,15 +214,20 @@ class MemoryStore:
         self.rt.count("memory_users:prefilled")
         return True
 
-    def partition_users(self, partition: int, wanted: Callable[[list], bool] | None = None, after: str | None = None
+    def partition_users(self, partition: int, wanted: Callable[[list], bool] | None = None, after: str | None = None,
+                        users: Callable[[Callable[[], list[str]]], list[str]] | None = None
                         ) -> Iterator[tuple[str, UserMemory | None, dict | None, int]]:
         """`(user, state, redo, rows)` of every user of a local partition in user-id order
         (after `after`, when given), for a sweep; `rows`: how many rows were read for it. A loaded
         user comes as it is (redo None); any other is read from the table one at a time, skipped
         (state None) unless `wanted(rows)`, and *not* cached, so a sweep does not flush the LRU:
-        `keep(user, state, redo)` caches one that the sweep changes. Contained users are skipped."""
+        `keep(user, state, redo)` caches one that the sweep changes. Contained users are skipped.
+        `users(list_them)`: the partition's users (sorted) from a listing the caller keeps
+        (`SweepSlices.users`), `list_them()` listing them anew."""
         self._readable()
-        for user, rows in state_scan.users_rows(self.state, partition, self.rt.partition_of, after):
+        listed = None if users is None else users(
+            lambda: state_scan.partition_users(self.state, partition, self.rt.partition_of))
+        for user, rows in state_scan.users_rows(self.state, partition, self.rt.partition_of, after, listed):
             if user in self.corrupt:
                 continue
             um = self.users.get(user)

@@ -1,4 +1,5 @@
-"""Reading one user's `memory-state` rows without reading the whole table, through Faust's store
+"""Reading one user's `memory-state` rows (and one partition's rows of any table: `partition_items`)
+without reading the whole table, through Faust's store
 internals (faust-streaming 0.15.3), reached only by the `rocksdb_*` functions of
 `streams.runtime.faust_internals`.
 
@@ -20,6 +21,7 @@ table's items: right, but it reads every row, so memory:// pays a full scan per 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -110,18 +112,44 @@ def partition_users(table: TableT, partition: int, partition_of, limit: int | No
     return list(users)
 
 
-def users_rows(table: TableT, partition: int, partition_of, after: str | None = None
-               ) -> Iterator[tuple[str, Callable[[], list]]]:
+def partition_items(table: TableT, partition: int, owned: Callable[[str], bool]) -> list[tuple[str, Any]]:
+    """Every row `(key, value)` of one partition's store, values decoded (None values skipped).
+    RocksDB: the partition's own database only (when it is active here), not every active
+    partition's as the table's `items()` reads them; any other store: the table's items whose
+    key is `owned`. A partition-local timer that read the whole table at each of its ticks read
+    it once per owned partition per interval: a cost that grows with the square of the
+    partitions a worker owns (issue 34, bench/RESULTS.md)."""
+    store = rocksdb_store(table)
+    if store is None:
+        return [(k, v) for k, v in table.items() if v is not None and owned(k)]
+    db = _active_db(store, table, partition)
+    if db is None:
+        return []
+    offset_key, decode = store.offset_key, rocksdb_value_decoder(store)
+    out = []
+    for key, value in db.items():
+        if key == offset_key:
+            continue
+        row = decode(value)
+        if row is not None:
+            out.append((key.decode(), row))
+    return out
+
+
+def users_rows(table: TableT, partition: int, partition_of, after: str | None = None,
+               users: list[str] | None = None) -> Iterator[tuple[str, Callable[[], list]]]:
     """`(user, rows)` for every user of `partition` in user-id order (after `after`, when given:
     where a sweep in slices resumes), one user at a time, `rows()` reading that user's rows when
-    called: RocksDB reads each user's range then; another store is read once and grouped."""
+    called: RocksDB reads each user's range then; another store is read once and grouped.
+    `users`: the partition's users as listed before (sorted; `SweepSlices.users`), instead of
+    listing them again (a skip scan that seeks once per user of the partition)."""
     if rocksdb_store(table) is None:
         grouped = group_rows((k, v) for k, v in table.items() if partition_of(k.partition(KEY_SEP)[0]) == partition)
-        for user in sorted(grouped):
+        for user in sorted(grouped) if users is None else [u for u in users if u in grouped]:
             rows = grouped.pop(user)
             if after is None or user > after:
                 yield user, (lambda rows=rows: rows)  # type: ignore[misc]
         return
-    for user in sorted(partition_users(table, partition, partition_of)):
-        if after is None or user > after:
-            yield user, (lambda user=user: user_rows(table, user, partition))  # type: ignore[misc]
+    listed = sorted(partition_users(table, partition, partition_of)) if users is None else users
+    for user in listed[0 if after is None else bisect.bisect_right(listed, after):]:
+        yield user, (lambda user=user: user_rows(table, user, partition))  # type: ignore[misc]

@@ -35,8 +35,9 @@ over the bound. Eviction is least recently used first.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -274,28 +275,59 @@ class UserCache:
 class SweepSlices:
     """Where each partition's housekeeping sweep resumes. A sweep holds the memory state's lock
     (the agent's batches wait), and reading every row of a large partition takes seconds, so one
-    tick reads at most `max_rows` rows of a partition (a user is never split) and the next tick
-    goes on after the last user it read, in user-id order; a sweep that reaches the end starts
-    over next tick. A restart starts over (nothing is lost: a sweep only finds what has expired,
-    and that stays expired). Retention and decay act within one cycle: ticks × interval."""
+    tick reads at most `max_rows` rows of a partition and holds the lock at most `max_seconds`
+    (by `clock`, from `start`; a user is never split, so a tick may run over by the user it
+    is reading), and the next tick goes on after the last user it read, in user-id order; a
+    sweep that reaches the end starts over next tick. A restart starts over (nothing is lost: a
+    sweep only finds what has expired, and that stays expired). Retention and decay act within
+    one cycle: ticks × interval.
 
-    def __init__(self, max_rows: int) -> None:
+    The time bound is what keeps a worker that owns many partitions, or whose users are not
+    loaded yet (after a restart every user's rows are read from RocksDB), from spending its
+    event loop and the lock on sweeps: the sweep awaits between users (the event loop runs other
+    tasks meanwhile, its wall time counts here), so without it one tick could hold the lock for
+    seconds and the agent applied a few records a second (issue 34, bench/RESULTS.md)."""
+
+    def __init__(self, max_rows: int, max_seconds: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if max_rows < 1:
             raise ValueError("max_rows must be >= 1")
+        if max_seconds is not None and not max_seconds > 0:
+            raise ValueError("max_seconds must be > 0")
         self.max_rows = max_rows
+        self.max_seconds = max_seconds
+        self.clock = clock
         self._after: dict[int, str] = {}
         self._read: dict[int, int] = {}
+        self._started: dict[int, float] = {}
+        self._users: dict[int, list[str]] = {}  #: each partition's users as listed when its cycle began
+        self._fresh: dict[int, bool] = {}  #: whether this tick begins a cycle (`start` returned None)
 
     def start(self, partition: int) -> str | None:
         """A tick begins: the user after which it resumes (None: from the first user)."""
         self._read[partition] = 0
-        return self._after.pop(partition, None)
+        self._started[partition] = self.clock()
+        after = self._after.pop(partition, None)
+        self._fresh[partition] = after is None
+        return after
+
+    def users(self, partition: int, list_users: Callable[[], list[str]]) -> list[str]:
+        """The partition's users for this tick, sorted: listed (`list_users`) when a cycle
+        begins, else the list of the cycle's start, so a tick does not list every user of its
+        partition again (one seek per user) to resume after one. A user added meanwhile is swept
+        from the next cycle on (a new user has nothing expired yet); one removed reads no rows."""
+        if self._fresh.get(partition, True) or partition not in self._users:
+            self._users[partition] = sorted(list_users())
+            self._fresh[partition] = False
+        return self._users[partition]
 
     def read(self, partition: int, user: str, rows: int) -> bool:
-        """`rows` rows of `user` were read; True when the tick's budget is spent (stop after
-        this user: the next tick resumes after it)."""
+        """`rows` rows of `user` were read; True when the tick's budget is spent, rows or time
+        (stop after this user: the next tick resumes after it)."""
         self._read[partition] = self._read.get(partition, 0) + rows
-        if self._read[partition] >= self.max_rows:
+        if self._read[partition] >= self.max_rows or (
+                self.max_seconds is not None
+                and self.clock() - self._started.get(partition, self.clock()) >= self.max_seconds):
             self._after[partition] = user
             return True
         return False

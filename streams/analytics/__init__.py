@@ -28,7 +28,9 @@ What the Faust shell does (one table ``analytics``: key = subject, value = windo
    (``too_late`` / ``too_early``) in the worker stats; returns ``state``. Never a row read
    earlier: the table has several writers (docs/state.md).
 2. Publish and expire on a partition-local timer (``Runtime.ticks``), for partition ``p``: the
-   subjects with ``subject_partition(subject, rt.partition_of) == p``; ``clock =
+   subjects whose rows ``p``'s store holds (RocksDB: that partition's database alone,
+   ``streams.agents.state_scan.partition_items``; another store: the subjects with
+   ``subject_partition(subject, rt.partition_of) == p``); ``clock =
    partition_clock(their states)``; per subject: ``pairs = records_due(state)``; send every
    record (key: the subject; ``window_identity`` tells its windows apart, see
    :mod:`.windows`); then, as a ``cp.update`` applied to the row as it is when written

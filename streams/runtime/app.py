@@ -44,6 +44,7 @@ from streams.runtime.outputs import OutputProducer, OutputsFailed
 from streams.runtime.rebalance import RebalanceSafeConsumer
 from streams.runtime.row_cache import MISSING, DecodedRows
 from streams.runtime.standby import OFFSET_BEGINNING, Replica, StandbyApplier
+from streams.runtime.tick_gate import TickGate
 from streams.runtime.web import PartitionRouter, ServerLimits, install_server_limits
 from streams.settings import Settings
 
@@ -410,12 +411,18 @@ class Runtime:
         subscribers, so Faust co-partitions it, and `handler(cp, p, now_ms)` runs in that event
         (with the outputs-first protocol of `streams.runtime.checkpoint`: it sends and stages
         through the checkpoint `cp`; pass the `cache` and `lock` of the agent that owns the same
-        state).
+        state). Ticks that queued up (a backlog) run at most once per partition per half interval
+        (`streams.runtime.tick_gate`).
         """
         lock = lock or asyncio.Lock()
         topic = self.internal_topic(f"{name}-ticks", retention=timedelta(hours=1))
+        gate = TickGate(self.settings.timer_interval_s)  # queued ticks (a backlog) run once per half interval
 
         async def handle(cp: checkpoint.Checkpoint, event: faust.types.EventT) -> bool:
+            if not gate.due(event.message.partition):
+                log.debug("%s tick on partition %s skipped: the previous one ran less than half an interval ago",
+                          name, event.message.partition)
+                return True
             try:
                 await handler(cp, event.message.partition, int(event.message.value))  # type: ignore[arg-type]
                 return True

@@ -377,6 +377,7 @@ def test_a_prefix_scan_of_the_users_partition_finds_exactly_the_users_rows(tmp_p
         # users in id order (a sweep in slices resumes after a user id), each with exactly its rows
         assert [(u, sorted(r(), key=lambda kv: kv[0])) for u, r in state_scan.users_rows(rocks, p, partition_of)] == \
             [(u, sorted(want[u], key=lambda kv: kv[0])) for u in mine]
+        assert [u for u, _r in state_scan.users_rows(rocks, p, partition_of, users=mine)] == mine
         if mine:
             after = mine[len(mine) // 2]
             assert [u for u, _ in state_scan.users_rows(rocks, p, partition_of, after)] == [u for u in mine if u > after]
@@ -417,9 +418,146 @@ def test_a_sweep_in_slices_reads_every_user_once_per_cycle_and_at_most_the_budge
     assert len(flat) >= len(cycle) and flat == (cycle * (len(flat) + 1))[:len(flat)]
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.dictionaries(st.text(alphabet="abc-/0", min_size=1, max_size=4).filter(lambda u: "/" not in u),
+                       st.integers(1, 9), max_size=25), st.integers(1, 5))
+def test_a_sweep_tick_stops_once_its_time_budget_is_spent_and_the_next_goes_on(users, per_tick):
+    """Issue 34: after a restart a tick read every row of its partition from RocksDB (nothing
+    loaded yet) while the event loop ran other ticks between users, and held the memory state's
+    lock for seconds (the agent applied ~5 records/s). With MEMSTREAM_HOUSEKEEPING_MAX_SECONDS_PER_TICK
+    a tick stops at the first user read after its budget is spent, whatever the row budget
+    leaves, and the sweep still reads every user once per cycle, in id order. The clock is
+    fake: every user read takes 1 s, the budget is `per_tick` s."""
+    class Plain(dict):
+        data = object()
+
+    now = [0.0]
+    table = Plain({f"{u}/n{i}" if i else u: {"i": i} for u, n in users.items() for i in range(n)})
+    slices = SweepSlices(10**9, max_seconds=per_tick, clock=lambda: now[0])
+    flat: list[str] = []
+    for _tick in range(2 * len(users) + 2):
+        after, tick = slices.start(0), []
+        for user, rows in state_scan.users_rows(table, 0, lambda u: 0, after):
+            rows()
+            now[0] += 1.0  # reading this user took a second
+            tick.append(user)
+            if slices.read(0, user, 1):
+                break
+        assert len(tick) <= per_tick  # the lock is given back once the budget is spent
+        # ... and not before, unless the cycle ended (empty: the previous tick ended on the last user)
+        assert len(tick) == per_tick or not tick or tick[-1] == max(users)
+        flat += tick
+    cycle = sorted(users)
+    assert len(flat) >= len(cycle) and flat == (cycle * (len(flat) + 1))[:len(flat)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.dictionaries(st.text(alphabet="abc-/0", min_size=1, max_size=4).filter(lambda u: "/" not in u),
+                       st.integers(1, 9), max_size=25), st.integers(1, 30))
+def test_a_sweep_lists_its_partitions_users_once_per_cycle_not_at_every_tick(users, budget):
+    """Listing a partition's users is a skip scan with one seek per user: done at every tick it
+    cost a partition of many users more than the tick's time budget before the first user was
+    read. `SweepSlices.users` lists them when a cycle begins and the cycle's ticks resume in that
+    list; the ticks read the same users in the same order as with a listing per tick."""
+    class Plain(dict):
+        data = object()
+
+    table = Plain({f"{u}/n{i}" if i else u: {"i": i} for u, n in users.items() for i in range(n)})
+    listed, cycles = [0], 0
+    listing = SweepSlices(budget)
+    fresh = SweepSlices(budget)
+
+    def list_them() -> list[str]:
+        listed[0] += 1
+        return state_scan.partition_users(table, 0, lambda u: 0)
+
+    for _tick in range(2 * len(users) + 2):
+        after = listing.start(0)
+        cycles += after is None
+        got = []
+        for user, rows in state_scan.users_rows(table, 0, lambda u: 0, after, listing.users(0, list_them)):
+            got.append(user)
+            if listing.read(0, user, len(rows())):
+                break
+        want, after2 = [], fresh.start(0)
+        for user, rows in state_scan.users_rows(table, 0, lambda u: 0, after2):
+            want.append(user)
+            if fresh.read(0, user, len(rows())):
+                break
+        assert got == want
+    assert listed[0] == cycles
+
+
+def test_a_user_added_during_a_cycle_is_swept_from_the_next_one(tmp_path):
+    store = _Store(tmp_path)
+    db = store._db_for_partition(0)
+    for user in ("a", "c"):
+        db[user.encode()] = json.dumps({"u": user}).encode()
+    table, slices = _Table(store), SweepSlices(1)  # one row a tick: one user a tick
+
+    def tick() -> list[str]:
+        after, read = slices.start(0), []
+        listed = slices.users(0, lambda: state_scan.partition_users(table, 0, lambda u: 0))
+        for user, rows in state_scan.users_rows(table, 0, lambda u: 0, after, listed):
+            read.append(user)
+            if slices.read(0, user, len(rows())):
+                break
+        return read
+
+    assert tick() == ["a"]
+    db[b"b"] = json.dumps({"u": "b"}).encode()  # a new user, between the two
+    assert tick() == ["c"]  # the cycle goes on in the list it began with
+    assert tick() == []  # ... to its end
+    assert [tick() for _ in range(3)] == [["a"], ["b"], ["c"]]
+    db.close()
+
+
 def test_the_sweep_budget_must_be_positive():
     with pytest.raises(ValueError):
         SweepSlices(0)
+    with pytest.raises(ValueError):
+        SweepSlices(1, max_seconds=0)
+
+
+def test_a_partition_local_timer_reads_and_decodes_only_its_partitions_rows(tmp_path):
+    """Issue 34: the analytics tick of each partition read (and decoded) every row of every
+    active partition to keep its own, so a worker owning P partitions decoded the table P times
+    per interval; a worker restarted alone spent most of its event loop there. `partition_items`
+    reads the tick's partition's store only; another store is filtered by `owned`."""
+    decoded: list[bytes] = []
+
+    class Counting(_Store):
+        def _decode_value(self, value: bytes) -> Any:
+            decoded.append(value)
+            return json.loads(value)
+
+    store = Counting(tmp_path)
+    rows = {p: {f"s{p}-{i}": {"p": p, "i": i} for i in range(5)} for p in (0, 1)}
+    for p, mine in rows.items():
+        db = store._db_for_partition(p)
+        db[store.offset_key] = b"7"
+        for key, row in mine.items():
+            db[key.encode()] = json.dumps(row).encode()
+    table = _Table(store)
+    for p in (0, 1):
+        decoded.clear()
+        got = state_scan.partition_items(table, p, owned=lambda _k: False)  # not asked: RocksDB reads the partition
+        assert sorted(got) == sorted(rows[p].items())
+        assert len(decoded) == len(rows[p])  # the other partition's rows were not read
+    standby = TP(_Table.changelog_topic_name, 1)
+    ACTIVE.discard(standby)  # a standby copy is not read
+    try:
+        assert state_scan.partition_items(table, 1, owned=lambda _k: True) == []
+    finally:
+        ACTIVE.add(standby)
+    for db in store._dbs.values():
+        db.close()
+
+    class Plain(dict):
+        data = object()  # memory://: one dict for every partition
+
+    plain = Plain({"a": {"n": 1}, "b": {"n": 2}, "c": None})
+    assert state_scan.partition_items(plain, 0, owned=lambda k: k != "b") == [("a", {"n": 1})]
 
 
 def test_a_store_without_rocksdb_is_scanned_whole():
@@ -503,3 +641,12 @@ def test_a_bound_below_one_is_a_settings_error_naming_the_variable(var, value):
 
     with pytest.raises(SettingsError, match=f"{var}={value} must be at least 1"):
         Settings.from_env({var: value})
+
+
+@pytest.mark.parametrize("value", ["0", "-0.5"])
+def test_a_tick_time_budget_not_above_zero_is_a_settings_error(value):
+    from streams.settings import Settings, SettingsError
+
+    assert Settings.from_env({}).housekeeping_max_seconds_per_tick == 0.1
+    with pytest.raises(SettingsError, match=f"MEMSTREAM_HOUSEKEEPING_MAX_SECONDS_PER_TICK={float(value)} must be more than 0"):
+        Settings.from_env({"MEMSTREAM_HOUSEKEEPING_MAX_SECONDS_PER_TICK": value})
