@@ -118,6 +118,7 @@ from streams.contracts import catalog, topics
 from streams.contracts.wire import CodecFactory, encode_key
 from streams.core import UserMemory, event_id_for
 from streams.core.nodes import make_node
+from streams.core.warmup import warm_up as warm_up_core
 from streams.settings import Settings
 from streams.tools import devstack, generate, kafkatools
 from streams.tools.progress import Progress
@@ -127,6 +128,7 @@ OUTPUTS = [catalog.MEMORY_LEDGER, catalog.MEMORY_RELAY, catalog.MEMORY_NODES, ca
            catalog.DLQ, catalog.NEGOTIATOR_REPLIES, catalog.SESSION_COMPACTIONS]
 HOUR_MS = 3_600_000
 TOKEN = "bench-token"
+BENCH = Path(__file__).resolve().parent  #: this folder: the peers' scripts, from any working folder
 OUT_DIR = Path("bench/out")
 PROGRESS_S = 5.0
 
@@ -290,12 +292,14 @@ class PerRecord:
 
 
 # ------------------------------------------------------------------------------ Quix Streams peer
-QUIX_VENV = Path("bench/.venv-quix")
+QUIX_VENV = BENCH / ".venv-quix"
 # The memstream code the peer runs (streams.core, streams.contracts.wire) gets the versions of memstream's
 # lock; the whole lock cannot constrain this virtualenv (Quix Streams 3.28.1 needs confluent-kafka<2.13).
 _LOCK_FILE = Path(__file__).resolve().parent.parent / "constraints.txt"
 _LOCK = dict(line.split("==", 1) for line in _LOCK_FILE.read_text().splitlines() if "==" in line and not line.startswith("#"))
-QUIX_REQUIREMENTS = ["quixstreams==3.28.1", f"numpy=={_LOCK['numpy']}", f"fastavro=={_LOCK['fastavro']}"]
+QUIX_REQUIREMENTS = ["quixstreams==3.28.1", f"numpy=={_LOCK['numpy']}", f"fastavro=={_LOCK['fastavro']}",
+                     # the core's compiled loops, as in memstream's virtualenv (streams/core/_kernels.py)
+                     f"numba=={_LOCK['numba']}", f"llvmlite=={_LOCK['llvmlite']}"]
 
 
 @dataclass(frozen=True)
@@ -324,7 +328,7 @@ def quix_python() -> Path:
     """The peer's own virtualenv (a benchmark dependency, not a runtime one: Quix Streams' pins
     need not agree with memstream's); made on first use."""
     python = QUIX_VENV / "bin" / "python"
-    ok = python.exists() and subprocess.run([str(python), "-c", "import quixstreams, numpy, fastavro"],
+    ok = python.exists() and subprocess.run([str(python), "-c", "import quixstreams, numpy, fastavro, numba"],
                                             capture_output=True).returncode == 0
     if not ok:
         say(f"   making {QUIX_VENV} ({', '.join(QUIX_REQUIREMENTS)}) …")
@@ -348,9 +352,9 @@ def run_peer(settings: Settings, name: str, start: kafkatools.Offsets, end: kafk
     common = ["--work", work, "--broker", settings.broker, "--registry", settings.registry_url, "--group", group,
               "--output", output, "--topics", ",".join(INPUTS), "--count", str(count)]
     if framework == "quix":
-        cmd = [str(quix_python()), "bench/quix_peer.py", *common, "--state-dir", str(data)]
+        cmd = [str(quix_python()), str(BENCH / "quix_peer.py"), *common, "--state-dir", str(data)]
     else:
-        cmd = [sys.executable, "bench/peers.py", framework, *common, "--data-dir", str(data),
+        cmd = [sys.executable, str(BENCH / "peers.py"), framework, *common, "--data-dir", str(data),
                "--partitions", str(settings.partitions)]
     say(f"   {label}: {count:,} records …")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
@@ -370,6 +374,7 @@ def core_alone(settings: Settings, load: list[Record]) -> Peer:
     (bench/core_step.py `CoreWork`) on the same records, in this process's thread (its CPU
     time). The floor every peer running this core pays per record."""
     work = CoreWork(settings.registry_url, INPUTS)
+    warm_up_core()  # the compiled loops, before the clock starts (as a worker and the peers do)
     gc.collect()
     started, cpu0 = time.monotonic(), time.thread_time()
     for r in load:
@@ -492,7 +497,7 @@ def samejob_peer(settings: Settings, start: kafkatools.Offsets, count: int, app_
     for topic in samejob_compare.COMPARED:
         create_topic(settings, f"{prefix}{topic}", {})
     data.mkdir(parents=True, exist_ok=True)
-    cmd = [str(quix_python()), "bench/quix_samejob.py", "--broker", settings.broker, "--registry",
+    cmd = [str(quix_python()), str(BENCH / "quix_samejob.py"), "--broker", settings.broker, "--registry",
            settings.registry_url, "--group", group, "--output-prefix", prefix, "--count", str(count),
            "--state-dir", str(data)]
     say(f"   {SAMEJOB_LABEL}: {count:,} records …")

@@ -60,6 +60,7 @@ from streams.core import ConsolidationPolicy, Outcome, PromotionPolicy, UserMemo
 from streams.core.negotiator import forgotten_fingerprints, handle_request, nodes_to_forget, validate_request  # noqa: E402
 from streams.core.partitioning import misrouted  # noqa: E402
 from streams.core.redaction import threshold_for  # noqa: E402
+from streams.core.warmup import warm_up  # noqa: E402
 from streams.settings import Settings  # noqa: E402
 
 #: what the peer reads (the memory agent's sources but memory.erase-requests.v1)
@@ -235,6 +236,7 @@ def main() -> int:
     args = ap.parse_args()
 
     settings = Settings.from_env()
+    warm_up(settings.index_config())  # the core's compiled loops before the first record, as a worker does
     codecs = CodecFactory.from_url(args.registry)
     codecs.register(OUTPUTS)  # as a worker does at start: the subjects' ids frame what it writes
     job = MemoryJob(settings, codecs)
