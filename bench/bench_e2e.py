@@ -39,6 +39,21 @@ What each figure means:
   in a `Table` on rocksdb://) — bench/peers.py, bench/quix_peer.py. Measured as the Quix peer is.
   `faust-input`: Faust only reading the records, in batches as memstream's worker takes them (no
   work, no output): what reading a record through Faust costs, the floor under a Faust worker.
+* **same job** (issue 33; `--no-samejob` or `--no-quix` skips it): memstream and a Quix Streams
+  application that does the memory agent's whole job (bench/quix_samejob.py: candidates, events,
+  turns and negotiator requests in; ledger, relay, node rows and tombstones, quarantine, negotiator
+  replies and dead letters out, Avro through the registry; each user's state in Quix's RocksDB
+  state with its changelog; the worker's own rules, `streams.agents.memory_step`) on the same
+  input: the load's records of those four topics, sent one topic after the other (all candidates,
+  then events, turns, negotiator requests: `samejob_phases`), each phase taken by one worker (fresh
+  app id and state, new users, timers slowed down) before the next is sent; then the peer reads
+  exactly those records (Quix's `concat` hands a partition's records over in timestamp order, so
+  both apply every user's records in the same order). Both systems' outputs are compared per topic
+  as multisets of (key, decoded value) (bench/samejob_compare.py: a dead letter's `failed_at` and
+  `worker` blanked); the summary prints the comparison and memstream's CPU per record ÷ the peer's,
+  or no ratio when they differ. memstream's figure is its process CPU from the first phase's first
+  send to the last commit, so it includes the idling while the bench waited for each phase's
+  commit (printed beside it); the peer's is measured as the other peers'.
 * **core alone**: the Quix peer's per-record work (decode, `process_candidate` /
   `process_event`, a dict of `UserMemory`) on the same records in the bench's own thread, without
   Kafka or any framework: the CPU per record every system running this core pays at least. (The
