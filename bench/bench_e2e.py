@@ -1009,9 +1009,12 @@ def report(settings: Settings, args: argparse.Namespace, records: int, generator
             f"{100 * peer.rate / raw:.1f}% | {of_quix(peer.rate)} | {peer.cpu_ms_per_record:.3f} ms | "
             f"{cpu_of_quix(peer.cpu_ms_per_record)} | – |")
         report_samejob(samejob)
-    if core and records and (peers or runs):
+    if core and records and (peers or runs or samejob):
+        same = [(f"{samejob.peer.label} (its own input: the memory agent's four topics)", samejob.peer.cpu_ms_per_record),
+                ("memstream, same job (the same input)", samejob.memstream.cpu_ms_per_record)] if samejob else []
         report_added(core, [(p.label, p.cpu_ms_per_record) for n, p in peers.items() if n.endswith("-core")]
-                     + [(f"memstream, {r.workers} worker(s), {r.store}", r.cpu_ms_per_record) for r in runs], quix)
+                     + [(f"memstream, {r.workers} worker(s), {r.store}", r.cpu_ms_per_record) for r in runs] + same,
+                     quix)
     if latencies:
         say("\n| latency, one worker | inputs | matched | visible p50 | p99 | max | written p50 | p99 "
             "| p50 first ¼ | p50 last ¼ | p99 after the first ¼ | worker CPU busy |\n"
