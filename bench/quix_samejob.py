@@ -215,8 +215,7 @@ class MemoryJob:
         rows += [(f"{user}/{rest}", state.get(f"r/{rest}")) for rest in sorted(names)]
         loaded = load_user(user, rows, dedup_max_ids=self.settings.dedup_max_ids, index_config=self.index_config)
         if loaded.memory is None:
-            return (f"the memory state of this user cannot be rebuilt ({loaded.corrupt or 'unreadable rows'}); its "
-                    "records are dead-lettered until an operator repairs the rows")
+            return memory_step.contained(loaded.corrupt or "unreadable rows")
         self.users[user] = (loaded.memory, gen, names)
         return loaded.memory, names
 

@@ -54,6 +54,12 @@ def refusal(topic: str, key: str, record: dict, record_ms: int | None, limits: L
     return None
 
 
+def contained(why: str) -> str:
+    """The dead letter's reason for a record of a user whose rows cannot be rebuilt (contained)."""
+    return (f"the memory state of this user cannot be rebuilt ({why}); its records are dead-lettered until an "
+            "operator repairs the rows")
+
+
 def audit(um: UserMemory, turn: dict, limits: Limits) -> Outcome:
     """memory.turns.v1: the missed-memory audit (local-only: never reaches the relay)."""
     rej = validate_turn(turn, limits)
