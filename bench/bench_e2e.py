@@ -39,6 +39,21 @@ What each figure means:
   in a `Table` on rocksdb://) — bench/peers.py, bench/quix_peer.py. Measured as the Quix peer is.
   `faust-input`: Faust only reading the records, in batches as memstream's worker takes them (no
   work, no output): what reading a record through Faust costs, the floor under a Faust worker.
+* **same job** (issue 33; `--no-samejob` or `--no-quix` skips it): memstream and a Quix Streams
+  application that does the memory agent's whole job (bench/quix_samejob.py: candidates, events,
+  turns and negotiator requests in; ledger, relay, node rows and tombstones, quarantine, negotiator
+  replies and dead letters out, Avro through the registry; each user's state in Quix's RocksDB
+  state with its changelog; the worker's own rules, `streams.agents.memory_step`) on the same
+  input: the load's records of those four topics, sent one topic after the other (all candidates,
+  then events, turns, negotiator requests: `samejob_phases`), each phase taken by one worker (fresh
+  app id and state, new users, timers slowed down) before the next is sent; then the peer reads
+  exactly those records (Quix's `concat` hands a partition's records over in timestamp order, so
+  both apply every user's records in the same order). Both systems' outputs are compared per topic
+  as multisets of (key, decoded value) (bench/samejob_compare.py: a dead letter's `failed_at` and
+  `worker` blanked); the summary prints the comparison and memstream's CPU per record ÷ the peer's,
+  or no ratio when they differ. memstream's figure is its process CPU from the first phase's first
+  send to the last commit, so it includes the idling while the bench waited for each phase's
+  commit (printed beside it); the peer's is measured as the other peers'.
 * **core alone**: the Quix peer's per-record work (decode, `process_candidate` /
   `process_event`, a dict of `UserMemory`) on the same records in the bench's own thread, without
   Kafka or any framework: the CPU per record every system running this core pays at least. (The
@@ -108,6 +123,7 @@ from aiokafka.partitioner import murmur2
 from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
+from bench import samejob_compare
 from bench.bench_consolidation import memory_text, vocabulary
 from bench.core_step import CoreWork
 from streams.agents.memory import PROCESSOR as MEMORY_PROCESSOR
@@ -117,6 +133,7 @@ from streams.contracts import catalog, topics
 from streams.contracts.wire import CodecFactory, encode_key
 from streams.core import UserMemory, event_id_for
 from streams.core.nodes import make_node
+from streams.core.warmup import warm_up as warm_up_core
 from streams.settings import Settings
 from streams.tools import devstack, generate, kafkatools
 from streams.tools.progress import Progress
@@ -126,6 +143,7 @@ OUTPUTS = [catalog.MEMORY_LEDGER, catalog.MEMORY_RELAY, catalog.MEMORY_NODES, ca
            catalog.DLQ, catalog.NEGOTIATOR_REPLIES, catalog.SESSION_COMPACTIONS]
 HOUR_MS = 3_600_000
 TOKEN = "bench-token"
+BENCH = Path(__file__).resolve().parent  #: this folder: the peers' scripts, from any working folder
 OUT_DIR = Path("bench/out")
 PROGRESS_S = 5.0
 
@@ -289,12 +307,14 @@ class PerRecord:
 
 
 # ------------------------------------------------------------------------------ Quix Streams peer
-QUIX_VENV = Path("bench/.venv-quix")
+QUIX_VENV = BENCH / ".venv-quix"
 # The memstream code the peer runs (streams.core, streams.contracts.wire) gets the versions of memstream's
 # lock; the whole lock cannot constrain this virtualenv (Quix Streams 3.28.1 needs confluent-kafka<2.13).
 _LOCK_FILE = Path(__file__).resolve().parent.parent / "constraints.txt"
 _LOCK = dict(line.split("==", 1) for line in _LOCK_FILE.read_text().splitlines() if "==" in line and not line.startswith("#"))
-QUIX_REQUIREMENTS = ["quixstreams==3.28.1", f"numpy=={_LOCK['numpy']}", f"fastavro=={_LOCK['fastavro']}"]
+QUIX_REQUIREMENTS = ["quixstreams==3.28.1", f"numpy=={_LOCK['numpy']}", f"fastavro=={_LOCK['fastavro']}",
+                     # the core's compiled loops, as in memstream's virtualenv (streams/core/_kernels.py)
+                     f"numba=={_LOCK['numba']}", f"llvmlite=={_LOCK['llvmlite']}"]
 
 
 @dataclass(frozen=True)
@@ -323,7 +343,7 @@ def quix_python() -> Path:
     """The peer's own virtualenv (a benchmark dependency, not a runtime one: Quix Streams' pins
     need not agree with memstream's); made on first use."""
     python = QUIX_VENV / "bin" / "python"
-    ok = python.exists() and subprocess.run([str(python), "-c", "import quixstreams, numpy, fastavro"],
+    ok = python.exists() and subprocess.run([str(python), "-c", "import quixstreams, numpy, fastavro, numba"],
                                             capture_output=True).returncode == 0
     if not ok:
         say(f"   making {QUIX_VENV} ({', '.join(QUIX_REQUIREMENTS)}) …")
@@ -347,9 +367,9 @@ def run_peer(settings: Settings, name: str, start: kafkatools.Offsets, end: kafk
     common = ["--work", work, "--broker", settings.broker, "--registry", settings.registry_url, "--group", group,
               "--output", output, "--topics", ",".join(INPUTS), "--count", str(count)]
     if framework == "quix":
-        cmd = [str(quix_python()), "bench/quix_peer.py", *common, "--state-dir", str(data)]
+        cmd = [str(quix_python()), str(BENCH / "quix_peer.py"), *common, "--state-dir", str(data)]
     else:
-        cmd = [sys.executable, "bench/peers.py", framework, *common, "--data-dir", str(data),
+        cmd = [sys.executable, str(BENCH / "peers.py"), framework, *common, "--data-dir", str(data),
                "--partitions", str(settings.partitions)]
     say(f"   {label}: {count:,} records …")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
@@ -369,6 +389,7 @@ def core_alone(settings: Settings, load: list[Record]) -> Peer:
     (bench/core_step.py `CoreWork`) on the same records, in this process's thread (its CPU
     time). The floor every peer running this core pays per record."""
     work = CoreWork(settings.registry_url, INPUTS)
+    warm_up_core()  # the compiled loops, before the clock starts (as a worker and the peers do)
     gc.collect()
     started, cpu0 = time.monotonic(), time.thread_time()
     for r in load:
@@ -377,6 +398,136 @@ def core_alone(settings: Settings, load: list[Record]) -> Peer:
                 time.monotonic() - started, time.thread_time() - cpu0)
     say(f"   core alone: {peer.rate:,.0f} records/s, CPU {peer.cpu_ms_per_record:.3f} ms/record")
     return peer
+
+
+# ----------------------------------------------------------------------- the same-job peer
+SAMEJOB_LABEL = "Quix Streams, same job (bench/quix_samejob.py)"
+#: the timers' interval in the same-job worker: housekeeping reads the wall clock (and the peer has none)
+SAMEJOB_TIMER_S = "3600"
+SAMEJOB_IDLE_S = 3.0  #: how long the same-job worker's idle CPU rate is measured before the first phase
+
+
+@dataclass
+class SameJob:
+    """memstream's worker and the same-job Quix Streams peer on the same input, and whether they
+    wrote the same records."""
+
+    memstream: Throughput
+    peer: Peer
+    comparison: samejob_compare.Comparison
+    #: of memstream's CPU per record, about how much it spent idle while the bench waited for its
+    #: commit after each phase (an idle worker's CPU rate × that wait; the ratio keeps it in)
+    idle_ms_per_record: float = 0.0
+
+    @property
+    def ratio(self) -> float | None:
+        """memstream's CPU per record ÷ the peer's; None unless they wrote the same."""
+        return self.memstream.cpu_ms_per_record / self.peer.cpu_ms_per_record if self.comparison.equal else None
+
+
+def samejob_phases(load: list[Record]) -> list[list[Record]]:
+    """The load's records of the peer's inputs, one phase per topic (candidates, events, turns,
+    negotiator requests), each in the load's order. Kafka orders records within a partition, not
+    across topics, and a user's event or turn applied before one of its candidates changes the
+    clocks of the events derived after it (tests/system/test_faults_kafka.py streams candidates only
+    for that reason): the worker finishes each phase before the next is sent, so both systems
+    apply every user's records in the same order (the peer takes a partition's records of all
+    topics in timestamp order: Quix's `concat`)."""
+    return [[r for r in load if r.topic == topic] for topic in samejob_compare.INPUTS]
+
+
+def samejob_run(settings: Settings, load: list[Record], run: Path, store: str = "rocksdb://") -> SameJob:
+    """One worker (fresh app id and state, new users, timers slowed down) on the peer's inputs of
+    the load, phase by phase (`samejob_phases`); then the same-job Quix Streams peer
+    (bench/quix_samejob.py) on exactly those records, writing to `<app id>-quix-<topic>`; then
+    the comparison of both systems' outputs (bench/samejob_compare.py)."""
+    phases = samejob_phases(load)
+    records = sum(len(p) for p in phases)
+    app_id = f"{run.name}-samejob"
+    say(f"\n== same job: memstream, one worker, {store}, {records:,} records in {len(phases)} phases (app id {app_id})")
+    workers = start_workers(settings, app_id, 1, store, run, [], {"MEMSTREAM_TIMER_INTERVAL_S": SAMEJOB_TIMER_S})
+    worker = workers[0]
+    try:
+        in_start = kafkatools.end_offsets(settings, list(samejob_compare.INPUTS))
+        out_start = kafkatools.end_offsets(settings, list(samejob_compare.COMPARED))
+        cpu0 = kafkatools.cpu_seconds(worker.proc.pid)
+        time.sleep(SAMEJOB_IDLE_S)
+        idle = (kafkatools.cpu_seconds(worker.proc.pid) - cpu0) / SAMEJOB_IDLE_S
+        cpu0, t0, taken, waited = kafkatools.cpu_seconds(worker.proc.pid), time.time(), 0, 0.0
+        for phase in phases:
+            produce(settings, phase)
+            taken += len(phase)
+            wait_taken(worker, taken)
+            handed = time.monotonic()
+            wait_processed(settings, app_id, kafkatools.end_offsets(settings, INPUTS), workers)
+            waited += time.monotonic() - handed
+        seconds = time.time() - t0
+        cpu = kafkatools.cpu_seconds(worker.proc.pid) - cpu0
+        rss = [kafkatools.peak_rss_mib(worker.proc.pid)]
+        out_end = kafkatools.end_offsets(settings, list(samejob_compare.COMPARED))
+    finally:
+        stop(workers)
+    ours = Throughput("same job", 1, store, records, seconds, cpu, rss)
+    say(f"   memstream: CPU {ours.cpu_ms_per_record:.3f} ms/record; between the phases it waited {waited:.1f} s for its "
+        f"commits, at an idle worker's {100 * idle:.1f}% of a core: ~{1000 * idle * waited / records:.3f} ms/record")
+    peer, prefix, peer_ends = samejob_peer(settings, in_start, records, app_id, run)
+    zero = {tp: 0 for tp in peer_ends}
+    comparison = samejob_compare.compare(settings, (out_start, out_end), (zero, peer_ends), prefix)
+    for line in comparison.lines():
+        say(f"   {line}")
+    if not comparison.equal:
+        comparison.write_differences(run / "samejob-differences.jsonl")
+        say(f"   the differing records: {run / 'samejob-differences.jsonl'}")
+    return SameJob(ours, peer, comparison, 1000 * idle * waited / records)
+
+
+def wait_taken(worker: Worker, count: int, timeout: float = 600) -> None:
+    """Until the worker has taken `count` records of the same-job inputs into its batches
+    (`memstream_in_total`): the next phase's records then come in later batches."""
+    deadline = time.monotonic() + timeout
+    while (taken := inputs_taken(worker.port)) is None or taken < count:
+        check_alive([worker])
+        if time.monotonic() > deadline:
+            raise BenchError(f"the worker took {taken} of {count} records in {timeout:.0f}s; read {worker.log}")
+        time.sleep(0.05)
+
+
+def inputs_taken(port: int) -> float | None:
+    """The worker's `memstream_in_total` of the same-job inputs (None while it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    wanted = {f'memstream_in_total{{topic="{t}"}}' for t in samejob_compare.INPUTS}
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.rsplit(" ", 1)[0] in wanted)
+
+
+def samejob_peer(settings: Settings, start: kafkatools.Offsets, count: int, app_id: str, run: Path
+                 ) -> tuple[Peer, str, kafkatools.Offsets]:
+    """bench/quix_samejob.py on the `count` records from `start`; returns its figures, its
+    output topics' prefix and their end offsets."""
+    group, prefix, data = f"{app_id}-quix", f"{app_id}-quix-", run / "data" / f"{app_id}-quix"
+    kafkatools.position_group(settings, group, start)
+    for topic in samejob_compare.COMPARED:
+        create_topic(settings, f"{prefix}{topic}", {})
+    data.mkdir(parents=True, exist_ok=True)
+    cmd = [str(quix_python()), str(BENCH / "quix_samejob.py"), "--broker", settings.broker, "--registry",
+           settings.registry_url, "--group", group, "--output-prefix", prefix, "--count", str(count),
+           "--state-dir", str(data)]
+    say(f"   {SAMEJOB_LABEL}: {count:,} records …")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    log_file = run / "quix-samejob.log"
+    log_file.write_text(r.stdout + r.stderr)
+    line = next((x for x in reversed(r.stdout.splitlines()) if x.startswith("{")), None)
+    if r.returncode != 0 or line is None:
+        raise BenchError(f"the same-job peer failed (exit {r.returncode}); see {log_file}")
+    res = orjson.loads(line)
+    peer = Peer(SAMEJOB_LABEL, int(res["records"]), float(res["seconds"]), float(res["cpu_s"]), "RocksDB state")
+    if peer.records != count:
+        raise BenchError(f"the same-job peer read {peer.records} records, not {count}; see {log_file}")
+    say(f"   {SAMEJOB_LABEL}: {peer.rate:,.0f} records/s, CPU {peer.cpu_ms_per_record:.3f} ms/record")
+    return peer, prefix, kafkatools.end_offsets(settings, [f"{prefix}{t}" for t in samejob_compare.COMPARED])
 
 
 # ------------------------------------------------------------------------------ memory-state rows
@@ -456,9 +607,9 @@ def worker_env(port: int, store: str, data_dir: Path) -> dict[str, str]:
 
 
 def start_workers(settings: Settings, app_id: str, count: int, store: str, run: Path,
-                  state: list[StateRow]) -> list[Worker]:
+                  state: list[StateRow], extra_env: dict[str, str] | None = None) -> list[Worker]:
     """`count` workers of a fresh group positioned at the inputs' end, with `state` in their
-    memory-state table, all ready and settled."""
+    memory-state table, all ready and settled (`extra_env`: more MEMSTREAM_* settings)."""
     if state:
         write_state(settings, app_id, state, len(state))
     kafkatools.position_group(settings, app_id, kafkatools.end_offsets(settings, INPUTS))
@@ -467,6 +618,7 @@ def start_workers(settings: Settings, app_id: str, count: int, store: str, run: 
         for n in range(count):
             port = free_port()
             env, log = worker_env(port, store, run / "data" / f"{app_id}-w{n}"), run / f"{app_id}-w{n}.log"
+            env.update(extra_env or {})
             workers.append(Worker(kafkatools.start_worker(settings, app_id, log, env), port, log))
         wait_settled(workers)
         warm_up(settings, workers, state)
@@ -827,7 +979,7 @@ def versions(settings: Settings) -> str:
 
 def report(settings: Settings, args: argparse.Namespace, records: int, generator: float, raw: float,
            runs: list[Throughput], latencies: list[Latency], recoveries: list[Recovery],
-           peers: dict[str, Peer] | None = None, core: Peer | None = None) -> None:
+           peers: dict[str, Peer] | None = None, core: Peer | None = None, samejob: SameJob | None = None) -> None:
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     say(f"\n## Summary ({time.strftime('%Y-%m-%d %H:%M %Z')}, load average {load})\n\n{machine()}\n{versions(settings)}\n"
         f"partitions {settings.partitions}, standby replicas {settings.standby_replicas}, batch max "
@@ -851,9 +1003,18 @@ def report(settings: Settings, args: argparse.Namespace, records: int, generator
         say(f"| pipeline | {r.workers} | {r.store} | {r.records:,} | {r.seconds:.1f} s | **{r.rate:,.0f}** | "
             f"{100 * r.rate / raw:.1f}% | {of_quix(r.rate)} | {r.cpu_ms_per_record:.3f} ms | "
             f"{cpu_of_quix(r.cpu_ms_per_record)} | {rss} |")
-    if core and records and (peers or runs):
+    if samejob is not None:
+        peer = samejob.peer
+        say(f"| {peer.label} | 1 | {peer.store} | {peer.records:,} | {peer.seconds:.1f} s | {peer.rate:,.0f} | "
+            f"{100 * peer.rate / raw:.1f}% | {of_quix(peer.rate)} | {peer.cpu_ms_per_record:.3f} ms | "
+            f"{cpu_of_quix(peer.cpu_ms_per_record)} | – |")
+        report_samejob(samejob)
+    if core and records and (peers or runs or samejob):
+        same = [(f"{samejob.peer.label} (its own input: the memory agent's four topics)", samejob.peer.cpu_ms_per_record),
+                ("memstream, same job (the same input)", samejob.memstream.cpu_ms_per_record)] if samejob else []
         report_added(core, [(p.label, p.cpu_ms_per_record) for n, p in peers.items() if n.endswith("-core")]
-                     + [(f"memstream, {r.workers} worker(s), {r.store}", r.cpu_ms_per_record) for r in runs], quix)
+                     + [(f"memstream, {r.workers} worker(s), {r.store}", r.cpu_ms_per_record) for r in runs] + same,
+                     quix)
     if latencies:
         say("\n| latency, one worker | inputs | matched | visible p50 | p99 | max | written p50 | p99 "
             "| p50 first ¼ | p50 last ¼ | p99 after the first ¼ | worker CPU busy |\n"
@@ -871,6 +1032,21 @@ def report(settings: Settings, args: argparse.Namespace, records: int, generator
         for c in recoveries:
             say(f"| {c.nodes:,} | {c.users} | {c.store} | {c.restore} | {c.ready_s:.1f} s | {c.query_s:.1f} s | "
                 f"{c.first_query_s * 1000:,.0f} ms | {c.ready_rss_mib:,.0f} MiB | {c.rss_mib:,.0f} MiB |")
+
+
+def report_samejob(sj: SameJob) -> None:
+    """memstream against the same-job peer: CPU per record of each on the same input, the ratio
+    (only when both wrote the same records) and the comparison, topic by topic."""
+    ratio = f"{sj.ratio:.2f}×" if sj.ratio is not None else "– (the outputs differ)"
+    say("\n| same job, same input (phased: bench_e2e.samejob_phases) | input records | CPU / record | ÷ the same-job peer's |\n"
+        "|---|---|---|---|")
+    say(f"| {sj.peer.label}, RocksDB state | {sj.peer.records:,} | {sj.peer.cpu_ms_per_record:.3f} ms | 1.00× |")
+    say(f"| memstream, one worker, {sj.memstream.store} | {sj.memstream.records:,} | "
+        f"{sj.memstream.cpu_ms_per_record:.3f} ms | **{ratio}** |")
+    say(f"\n(memstream's figure includes ~{sj.idle_ms_per_record:.3f} ms/record of idling while the bench waited for "
+        "its commit after each phase.)\n")
+    for line in sj.comparison.lines():
+        say(f"- {line}")
 
 
 def report_added(core: Peer, systems: list[tuple[str, float]], quix: Peer | None) -> None:
@@ -904,7 +1080,8 @@ def create_topic(settings: Settings, name: str, config: dict[str, str]) -> None:
 def delete_run_topics(settings: Settings, prefix: str) -> None:
     """Drop every topic and consumer group the run created (changelogs, scratch topic, groups)."""
     admin = topics.admin_client(settings)
-    names = [t for t in admin.list_topics(timeout=30).topics if t.startswith(prefix)]
+    names = [t for t in admin.list_topics(timeout=30).topics  # Quix Streams' changelogs: changelog__<group>--...
+             if t.startswith(prefix) or t.startswith(f"changelog__{prefix}")]
     for fut in admin.delete_topics(names, operation_timeout=60).values() if names else ():
         fut.result()
     groups = [g.group_id for g in admin.list_consumer_groups().result(60).valid if g.group_id.startswith(prefix)]
@@ -933,6 +1110,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--peers", default=",".join(PEERS),
                     help=f"framework peers to run, comma-separated ('' = none): {', '.join(PEERS)}")
     ap.add_argument("--no-quix", action="store_true", help="skip the Quix Streams peers (their virtualenv is made on first use)")
+    ap.add_argument("--no-samejob", action="store_true",
+                    help="skip the same-job run (memstream and bench/quix_samejob.py on the same input, outputs compared)")
     ap.add_argument("--profile", action="store_true", help="one more one-worker run under py-spy (bench/out/<run id>/py-spy-profile.txt)")
     return ap.parse_args(argv)
 
@@ -958,6 +1137,7 @@ def run_all(settings: Settings, args: argparse.Namespace, run: Path) -> None:
         raise BenchError(f"unknown peer(s) {', '.join(unknown)}: --peers takes {', '.join(PEERS)}")
     peers = {n: run_peer(settings, n, start, end, run) for n in PEERS if n in names}
     core = core_alone(settings, load)
+    samejob = samejob_run(settings, load, run) if not (args.no_quix or args.no_samejob) else None
     runs = [pipeline_run(settings, load, state, f"1w-{s.split(':')[0]}", 1, s, run) for s in stores]
     if not args.no_scaling:
         runs.append(pipeline_run(settings, load, state, "2w-rocksdb", 2, "rocksdb://", run))
@@ -970,7 +1150,7 @@ def run_all(settings: Settings, args: argparse.Namespace, run: Path) -> None:
         latencies = [latency_run(settings, load, state, runs[0], float(rate), args.latency_seconds, run)
                      for rate in args.latency_rate.split(",") if rate]
     report(settings, args, len(load), generator, raw, runs, latencies, recovery_runs(settings, args, stores, run), peers,
-           core)
+           core, samejob)
 
 
 def recovery_runs(settings: Settings, args: argparse.Namespace, stores: list[str], run: Path) -> list[Recovery]:

@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from quixstreams import Application, State  # noqa: E402
 
 from bench.core_step import WORKS, CoreWork, Tally  # noqa: E402
+from streams.core.warmup import warm_up  # noqa: E402
 
 
 def main() -> int:
@@ -49,6 +50,8 @@ def main() -> int:
 
     names = [t for t in args.topics.split(",") if t]
     work = CoreWork(args.registry, names)
+    if args.work == "core":
+        warm_up()  # the core's compiled loops, before the first record (as a worker does at start)
     tally = Tally(args.count)
 
     app = Application(broker_address=args.broker, consumer_group=args.group, auto_offset_reset="earliest",

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
-from streams.agents import prefill, relay_policy
-from streams.agents.memory_store import STATE_TABLE, MemoryStore, UserContained, node_key
+from streams.agents import memory_step, prefill, relay_policy
+from streams.agents.memory_store import STATE_TABLE, MemoryStore, UserContained
 from streams.agents.negotiator_calls import NegotiatorCalls
 from streams.analytics import classify_outcome
 from streams.contracts import catalog
@@ -38,18 +38,11 @@ from streams.core import (
     Outcome,
     PromotionPolicy,
     UserMemory,
-    event_id_for,
-    process_candidate,
     process_event,
 )
-from streams.core.audit import audit_turn
 from streams.core.erasure import ErasurePolicy, erase_step, validate_erase_request
 from streams.core.housekeeping import HousekeepingPolicy, sweep_memory
-from streams.core.ids import NEGOTIATOR_REQUEST, input_reference
-from streams.core.ingest import time_problem, validate_turn
-from streams.core.limits import id_problem, quote
 from streams.core.negotiator import forgotten_fingerprints, handle_request, nodes_to_forget, validate_request
-from streams.core.redaction import relay_events
 from streams.runtime.checkpoint import Checkpoint
 from streams.runtime.handlers import Rejected
 from streams.runtime.topology import Processor, Timer
@@ -77,9 +70,7 @@ PROCESSOR = Processor(
     internal_sinks=(relay_policy.TOPIC,),
     feeds=("analytics",),
 )
-KEY_FIELD = {catalog.MEMORY_EVENTS: "motebit_id", catalog.MEMORY_CANDIDATES: "motebit_id",
-             catalog.MEMORY_TURNS: "motebit_id", catalog.NEGOTIATOR_REQUESTS: "user_id",
-             catalog.ERASE_REQUESTS: "motebit_id"}
+KEY_FIELD = memory_step.KEY_FIELD  #: the field of each input that must equal its key
 
 
 def policies(rt: Runtime) -> tuple[ConsolidationPolicy, PromotionPolicy]:
@@ -116,17 +107,9 @@ def register(rt: Runtime) -> MemoryAgent:
 
     async def apply(cp: Checkpoint, event, key: str, record: dict) -> None:
         topic = event.message.topic
-        if (problem := id_problem(key, limits)) is not None:  # before any state is touched
-            code, what = problem
-            if key == "":
-                code = f"missing_{KEY_FIELD[topic]}"
-            raise Rejected(f"{code}: key {what}", code)
-        if record.get(KEY_FIELD[topic]) != key:
-            raise Rejected(f"record {KEY_FIELD[topic]} {quote(record.get(KEY_FIELD[topic]))} differs from its key {quote(key)}",
-                           "memory.key_mismatch")
         record_ms = int(event.message.timestamp * 1000) if event.message.timestamp else None
-        if (late := time_problem(record, record_ms, limits)) is not None:
-            raise Rejected(f"{late.code}: {late.detail}", late.code)
+        if (refused := memory_step.refusal(topic, key, record, record_ms, limits)) is not None:  # before any state
+            raise Rejected(refused.reason, refused.rule)
         try:
             um = store.user(key, cp)
         except UserContained as exc:
@@ -137,12 +120,7 @@ def register(rt: Runtime) -> MemoryAgent:
         if topic == catalog.ERASE_REQUESTS:
             await erase(cp, key, record, um)
             return
-        if topic == catalog.MEMORY_TURNS:
-            out = audit(um, record)
-        elif topic == catalog.MEMORY_CANDIDATES:
-            out = process_candidate(um, record, consolidation, promotion, limits=limits)
-        else:
-            out = process_event(um, record, consolidation, promotion, limits=limits)
+        out = memory_step.process(topic, um, record, consolidation, promotion, limits)
         for rej in out.dead_letters:
             await cp.dead_letter(STAGE_VALIDATE, f"{rej.code}: {rej.detail}", rej.code,
                                  keep_value=not rej.redact_value)
@@ -157,37 +135,11 @@ def register(rt: Runtime) -> MemoryAgent:
         """Send an outcome (ledger and its relay view, quarantine, node rows) and stage the
         user's rows through the batch's checkpoint (written once its outputs are acknowledged:
         streams.runtime.checkpoint)."""
-        relayed = []
-        if out.ledger:  # a table read: only when there is something to relay
-            threshold = store.relay_threshold(key)
-        for ev in out.ledger:
-            await cp.send(catalog.MEMORY_LEDGER, key, ev)
-            for peer_ev in relay_events(ev, threshold, um.deleted_node_ids,
-                                        deleted_fingerprints=um.deleted_fingerprints,
-                                        deleted_rows=out.deleted_rows):
-                await cp.send(catalog.MEMORY_RELAY, key, peer_ev)
-                relayed.append(peer_ev)
+        records, relayed = memory_step.outputs(key, um, out, store.relay_threshold(key) if out.ledger else None)
+        for topic, record_key, value in records:
+            await cp.send(topic, record_key, value)
         rt.feed_analytics(cp, classify_outcome(out, relayed))
-        for q in out.quarantined:
-            await cp.send(catalog.MEMORY_QUARANTINE, key, q)
-        for node in out.node_upserts:
-            await cp.send(catalog.MEMORY_NODES, node_key(key, node["node_id"]), node)
-        for node_id in out.node_deletions:
-            await cp.send(catalog.MEMORY_NODES, node_key(key, node_id), None)
         store.stage(cp, key, um, out)
-
-    def audit(um: UserMemory, turn: dict) -> Outcome:
-        """memory.turns.v1: the missed-memory audit (local-only: never reaches the relay)."""
-        rej = validate_turn(turn, limits)
-        if rej is not None:
-            return Outcome(rejections=[rej])
-        seen_key = "t:" + turn["turn_id"]
-        if seen_key in um.seen:
-            um.seen.duplicates += 1
-            return Outcome(duplicate=True)
-        um.seen.add(seen_key, int(turn["timestamp"]))
-        ev = audit_turn(turn, version_clock=um.next_clock())
-        return Outcome(ledger=[ev] if ev else [])
 
     async def negotiate(cp: Checkpoint, key: str, request: dict, um: UserMemory) -> None:
         """negotiator.requests.v1 → negotiator.replies.v1; a forget also deletes the user's
@@ -200,12 +152,8 @@ def register(rt: Runtime) -> MemoryAgent:
         await cp.send(catalog.NEGOTIATOR_REPLIES, key, reply)
         cp.write(store.negotiator, key, state)
         rt.count(f"negotiator:{request.get('op')}")
-        for node_id in nodes_to_forget(um.live_nodes(), forgotten_fingerprints(state)):
-            deletion = {"event_id": event_id_for(key, f"{request['request_id']}/{node_id}", "memory_deleted"),
-                        "motebit_id": key, "device_id": None, "timestamp": int(request["timestamp"]),
-                        "version_clock": um.next_clock(), "event_type": "memory_deleted",
-                        "payload": {"node_id": node_id},
-                        "caused_by": input_reference(NEGOTIATOR_REQUEST, request["request_id"])}
+        forgotten = nodes_to_forget(um.live_nodes(), forgotten_fingerprints(state))
+        for deletion in memory_step.forget_deletions(key, request, um, forgotten):
             await emit(cp, key, um, process_event(um, deletion, consolidation, promotion))
         calls.answered(request["request_id"], reply)
 

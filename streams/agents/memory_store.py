@@ -33,7 +33,7 @@ from streams.core import Outcome, UserMemory
 from streams.core.redaction import threshold_for
 from streams.runtime import checkpoint
 
-from . import state_scan
+from . import memory_step, state_scan
 from .user_cache import UserCache, chunk_rows, load_user, side_rows, weight
 
 if TYPE_CHECKING:
@@ -66,8 +66,7 @@ class UserContained(Exception):
     """The user's durable rows could not be rebuilt on this worker (see `MemoryStore._rebuild`)."""
 
     def __init__(self, motebit_id: str, why: str) -> None:
-        super().__init__(f"the memory state of this user cannot be rebuilt ({why}); its records are "
-                         "dead-lettered until an operator repairs the rows")
+        super().__init__(memory_step.contained(why))
         self.motebit_id = motebit_id
 
 

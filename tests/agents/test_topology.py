@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "streams"
 
 #: modules that send to catalog topics on behalf of another module's declaration
-ON_BEHALF = {"streams.agents.negotiator_calls": "streams.api.memory"}  # the HTTP negotiator views' requests
+ON_BEHALF = {"streams.agents.negotiator_calls": "streams.api.memory",  # the HTTP negotiator views' requests
+             "streams.agents.memory_step": "streams.agents.memory"}  # the records the memory agent sends
 
 
 def _runtime() -> Runtime:
