@@ -29,6 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -162,6 +163,21 @@ class Fleet:
         while not self.ready(name):
             assert time.monotonic() < deadline, f"worker {name} not ready after {timeout:.0f}s; log {self.log_path(name)}"
             time.sleep(0.2)
+
+    def states(self) -> dict[str, str]:
+        """Each running worker's /health status ("down" while it does not answer)."""
+        return {n: (kafkatools.worker_health(self.ports[n], timeout=2) or {}).get("status", "down") for n in self.procs}
+
+    def wait_settled(self, timeout: float = 300, progress: Callable[[], None] | None = None) -> None:
+        """Until every worker's /health says ready three polls in a row (the group settled)."""
+        streak, deadline = 0, time.monotonic() + timeout
+        while streak < 3:
+            states = self.states()
+            streak = streak + 1 if all(s == "ready" for s in states.values()) else 0
+            assert time.monotonic() < deadline, f"workers not ready after {timeout:.0f}s: {states}"
+            if progress:
+                progress()
+            time.sleep(0.5)
 
     def kill(self, name: str) -> None:
         """SIGKILL: no shutdown, no commit, no flush."""
@@ -635,6 +651,14 @@ def owned_partitions(port: int, topic: str = catalog.MEMORY_CANDIDATES) -> list[
 
 
 # ------------------------------------------------------------------------------ a run's stack ----
+def own_stack(broker_port: int, registry_port: int, name: str) -> dict[str, str]:
+    """A run's own stack: the broker on `broker_port` (its KRaft controller on the next port), the
+    registry on `registry_port` (its management port the next), data under .memstream/`name`."""
+    return {"MEMSTREAM_BROKER": f"127.0.0.1:{broker_port}", "MEMSTREAM_CONTROLLER_PORT": str(broker_port + 1),
+            "MEMSTREAM_REGISTRY_URL": f"http://127.0.0.1:{registry_port}/apis/ccompat/v7",
+            "MEMSTREAM_STACK_DIR": str(ROOT / ".memstream" / name)}
+
+
 def stack_env(defaults: dict[str, str], partitions: int) -> dict[str, str]:
     """The run's stack settings: each MEMSTREAM_* of `defaults` unless the environment sets it,
     and the partition count."""
@@ -705,3 +729,147 @@ def plot_timeline(path: Path, title: str, panels: list[tuple[str, dict[str, tupl
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# ----------------------------------------------------------------- the scripts' common frame ----
+def run_arguments(doc: str, *, minutes: float, workers: int, partitions: int, users: int, seed: int):
+    """The options chaos_fleet.py and soak.py share (their own come on top)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=minutes, help="minutes of paced input")
+    ap.add_argument("--workers", type=int, default=workers)
+    ap.add_argument("--partitions", type=int, default=partitions)
+    ap.add_argument("--users", type=int, default=users, help="users of the candidate stream")
+    ap.add_argument("--rate", type=float, default=0, help="records/s to send (0: half the measured sustained rate)")
+    ap.add_argument("--measure-records", type=int, default=20000, help="candidates sent to measure the sustained rate")
+    ap.add_argument("--seed", type=int, default=seed)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out", help="where the run's folder goes")
+    ap.add_argument("--keep-stack", action="store_true", help="reuse the stack as it is (default: wipe it first)")
+    ap.add_argument("--leave-up", action="store_true", help="leave the stack running at the end")
+    ap.add_argument("--keep-data", action="store_true", help="keep the workers' data dirs (default: removed at the end)")
+    return ap
+
+
+@dataclass
+class Run:
+    """A script's run: its stack settings (and the environment its workers get), its folder."""
+
+    settings: Settings
+    env: dict[str, str]
+    folder: Path
+
+
+@contextmanager
+def stack_run(args, kind: str, stack_defaults: dict[str, str]) -> Iterator[Run]:
+    """The run's stack up (wiped first unless `--keep-stack`) and its folder `<--out>/<kind>-<time>`;
+    afterwards the stack stopped (unless `--leave-up`) and the workers' data dirs removed (unless
+    `--keep-data`), whatever happened."""
+    import shutil
+
+    env = stack_env(stack_defaults, args.partitions)
+    settings = Settings.from_env(env)
+    folder = args.out / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder.mkdir(parents=True, exist_ok=True)
+    say(f"{kind} run {folder.name}: stack {settings.broker} / {settings.registry_url} ({settings.stack_dir}), output {folder}")
+    try:
+        start_stack(settings, wipe=not args.keep_stack)
+        yield Run(settings, env, folder)
+    finally:
+        if not args.leave_up:
+            devstack.down(settings)
+        if not args.keep_data:
+            shutil.rmtree(folder / "data", ignore_errors=True)
+
+
+def start_and_measure(fleet: Fleet, names: list[str], feeder: PacedFeeder, args) -> tuple[float, float | None]:
+    """Start the named workers together and wait until each is ready; then the rate to send:
+    `--rate`, or half the sustained rate measured with `--measure-records` (returned too)."""
+    say(f"== starting {len(names)} workers (app id {fleet.app_id}, {fleet.settings.partitions} partitions)")
+    for name in names:
+        fleet.start(name, wait=False)
+    for name in names:
+        fleet.wait_ready(name, timeout=300)
+    fleet.wait_settled()
+    if args.rate:
+        return args.rate, None
+    say(f"== measuring the workers' sustained rate: {args.measure_records:,} candidates as fast as they go")
+    sustained = measure_sustained(fleet, feeder, args.measure_records)
+    say(f"   sustained {sustained:,.0f} records/s; the run sends half: {sustained / 2:,.0f}/s")
+    return sustained / 2, sustained
+
+
+class PacedRun:
+    """What a script's run is made of (scripts/chaos_fleet.py, scripts/soak.py): a fleet of a
+    fresh group positioned at the inputs' end, the paced candidate feeder, the ledger tap, the lag
+    sampler. `execute()` (the script's) returns the results, `markdown` and `plot` report them."""
+
+    kind = "run"
+
+    def __init__(self, args, run: Run, worker_env: dict[str, str], names: list[str], sample_every: float = 5) -> None:
+        self.args, self.settings, self.folder = args, run.settings, run.folder
+        self.fleet = Fleet(run.settings, run.folder.name, worker_env, log_dir=run.folder / "logs",
+                           data_root=run.folder / "data", base_env=run.env)
+        self.names = names
+        self.inputs_start = kafkatools.end_offsets(self.settings, INPUTS)
+        self.outputs_start = kafkatools.end_offsets(self.settings, OUTPUTS)
+        kafkatools.position_group(self.settings, self.fleet.app_id, self.inputs_start)
+        self.feeder = PacedFeeder(self.settings, candidate_stream(f"{self.kind}{args.seed}", args.users, args.seed), 1.0)
+        self.tap = LedgerTap(self.settings, {tp: off for tp, off in self.outputs_start.items()
+                                             if tp[0] == catalog.MEMORY_LEDGER}, self.feeder)
+        self.sampler = Sampler(self.settings, self.fleet.app_id, self.inputs_start, self.feeder, every=sample_every)
+        self.t0 = 0.0  #: when paced sending started
+        self.rate, self.sustained = 0.0, None
+
+    def begin(self) -> None:
+        """Tap and sampler running, the workers started, the rate settled (`start_and_measure`),
+        then paced sending from now on (`t0`)."""
+        self.tap.start()
+        self.sampler.start()
+        self.rate, self.sustained = start_and_measure(self.fleet, self.names, self.feeder, self.args)
+        self.feeder.rate = self.rate
+        self.t0 = time.time()
+        self.feeder.start()
+
+    def execute(self) -> dict:
+        raise NotImplementedError
+
+    def markdown(self, res: dict) -> str:
+        raise NotImplementedError
+
+    def plot(self, res: dict, path: Path) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Whatever happened: no thread sends or reads any more, no worker of the run lives on."""
+        self.feeder.stopping.set()
+        self.tap.stopping.set()
+        self.sampler.stopping.set()
+        self.fleet.kill_all()
+
+    def header(self) -> dict:
+        """The results' common part: when, where, what was sent."""
+        from bench.bench_e2e import machine, versions
+
+        return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.t0)), "load_average_end": load_average(),
+                "machine": machine(), "versions": versions(self.settings), "app_id": self.fleet.app_id,
+                "args": vars(self.args), "partitions": self.settings.partitions,
+                "sustained_rate": None if self.sustained is None else round(self.sustained, 1), "rate": round(self.rate, 1),
+                "inputs": len(self.feeder.sent), "users": len(self.feeder.users)}
+
+
+def run_script(args, stack_defaults: dict[str, str], cls: type[PacedRun]) -> tuple[PacedRun, dict]:
+    """A script's whole run: the stack (`stack_run`), `cls(args, run).execute()`, everything
+    stopped, then report.json, report.md and <kind>.png in the run's folder."""
+    with stack_run(args, cls.kind, stack_defaults) as run:
+        harness = cls(args, run)  # type: ignore[call-arg]  # a script's subclass takes (args, run)
+        try:
+            res = harness.execute()
+        finally:
+            harness.stop()
+    (run.folder / "report.json").write_text(json.dumps(res, indent=1, default=str))
+    (run.folder / "report.md").write_text(harness.markdown(res))
+    harness.plot(res, run.folder / f"{harness.kind}.png")
+    print(harness.markdown(res))
+    say(f"report: {run.folder / 'report.md'}, {run.folder / 'report.json'}, plot {run.folder / f'{harness.kind}.png'}")
+    return harness, res

@@ -43,9 +43,7 @@ Exit 0 when the comparison found nothing and the fleet caught up; 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -54,33 +52,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_e2e import machine, versions  # noqa: E402
 from bench.fleet import (  # noqa: E402
     INPUTS,
-    OUTPUTS,
     Fleet,
-    LedgerTap,
-    PacedFeeder,
-    Sampler,
-    candidate_stream,
+    PacedRun,
+    Run,
     finish_and_compare,
-    load_average,
-    measure_sustained,
+    own_stack,
     owned_partitions,
     percentile,
     plot_timeline,
+    run_arguments,
+    run_script,
     save_diff,
     say,
-    stack_env,
-    start_stack,
 )
-from streams.contracts import catalog  # noqa: E402
-from streams.settings import Settings  # noqa: E402
 from streams.tools import devstack, kafkatools  # noqa: E402
 
-STACK = {"MEMSTREAM_BROKER": "127.0.0.1:19892", "MEMSTREAM_CONTROLLER_PORT": "19893",
-         "MEMSTREAM_REGISTRY_URL": "http://127.0.0.1:18881/apis/ccompat/v7",
-         "MEMSTREAM_STACK_DIR": str(ROOT / ".memstream" / "chaos-stack")}
+STACK = own_stack(19892, 18881, "chaos-stack")  #: each MEMSTREAM_* of it overridden by the environment
 TOKEN = "chaos"
 PROGRESS_S = 10.0
 ONCE = ("broker", "registry", "outage")
@@ -118,57 +107,29 @@ def schedule(slots: int, rng: random.Random) -> list[str]:
     return plan
 
 
-class Chaos:
-    def __init__(self, args: argparse.Namespace, settings: Settings, env: dict[str, str], run: Path) -> None:
-        self.args, self.settings, self.run = args, settings, run
-        self.rng = random.Random(args.seed)
-        self.app_id = run.name
+class Chaos(PacedRun):
+    kind = "chaos"
+
+    def __init__(self, args: argparse.Namespace, run: Run) -> None:
         worker_env = {"MEMSTREAM_STORE": "rocksdb://", "MEMSTREAM_STANDBY_REPLICAS": "1",
                       "MEMSTREAM_TIMER_INTERVAL_S": "3600", "MEMSTREAM_SHUTDOWN_TIMEOUT_S": "30",
                       "MEMSTREAM_API_TOKENS": f"{TOKEN}:secret:admin+negotiator+ops"}
         if args.session_timeout:
             worker_env["MEMSTREAM_SESSION_TIMEOUT_S"] = str(args.session_timeout)
-        common = {"log_dir": run / "logs", "data_root": run / "data", "base_env": env}
-        self.fleet = Fleet(settings, self.app_id, worker_env, **common)
-        self.reference = Fleet(settings, f"{self.app_id}-reference", {**worker_env, "MEMSTREAM_STANDBY_REPLICAS": "0"},
-                               **common)
-        self.names = [f"w{i + 1}" for i in range(args.workers)]
+        super().__init__(args, run, worker_env, [f"w{i + 1}" for i in range(args.workers)], args.sample_every)
+        self.rng = random.Random(args.seed)
+        self.app_id = self.fleet.app_id
+        self.reference = Fleet(self.settings, f"{self.app_id}-reference", {**worker_env, "MEMSTREAM_STANDBY_REPLICAS": "0"},
+                               log_dir=self.fleet.log_dir, data_root=self.fleet.data_root, base_env=run.env)
+        kafkatools.position_group(self.settings, self.reference.app_id, self.inputs_start)
         self.extra = f"w{args.workers + 1}"
         self.events: list[Event] = []
         self.skipped: list[str] = []  #: events of the plan that found no time left in the run
-        self.inputs_start = kafkatools.end_offsets(settings, INPUTS)
-        self.outputs_start = kafkatools.end_offsets(settings, OUTPUTS)
-        for app in (self.app_id, self.reference.app_id):
-            kafkatools.position_group(settings, app, self.inputs_start)
-        self.feeder = PacedFeeder(settings, candidate_stream(f"chaos{args.seed}", args.users, args.seed), 1.0)
-        self.tap = LedgerTap(settings, {tp: off for tp, off in self.outputs_start.items() if tp[0] == catalog.MEMORY_LEDGER},
-                             self.feeder)
-        self.sampler = Sampler(settings, self.app_id, self.inputs_start, self.feeder, every=args.sample_every)
         self.last_progress = 0.0
-        self.t0 = time.time()  #: when paced sending started
 
     # ------------------------------------------------------------------ the fleet and events
-    def start_fleet(self) -> None:
-        for name in self.names:
-            self.fleet.start(name, wait=False)
-        for name in self.names:
-            self.fleet.wait_ready(name, timeout=300)
-        self.wait_settled()
-
-    def wait_settled(self, timeout: float = 300) -> None:
-        """Until every worker's /health is ready three polls in a row."""
-        streak, deadline = 0, time.monotonic() + timeout
-        while streak < 3:
-            states = self.states()
-            streak = streak + 1 if all(s == "ready" for s in states.values()) else 0
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"workers not ready after {timeout:.0f}s: {states}")
-            self.progress()
-            time.sleep(0.5)
-
     def states(self) -> dict[str, str]:
-        return {n: (kafkatools.worker_health(self.fleet.ports[n], timeout=2) or {}).get("status", "down")
-                for n in self.fleet.procs}
+        return self.fleet.states()
 
     def progress(self, force: bool = False) -> None:
         now = time.time()
@@ -201,18 +162,11 @@ class Chaos:
             return []
         return owned_partitions(self.fleet.ports[name])
 
-    def wait_owning(self, name: str, timeout: float = 120) -> list[int]:
-        """Until the worker is ready and owns partitions (a leave or a kill of a worker that has not
-        joined yet would disturb nothing); what it owns, or [] after `timeout`."""
-        deadline = time.time() + timeout
-        while not (parts := self.owning(name)) and time.time() < deadline:
-            time.sleep(1)
-            self.progress()
-        return parts
-
     def victim(self) -> tuple[str, list[int]]:
         """A random worker of the fleet that is ready and owns partitions (waiting for one, at most
-        two minutes; then any running one)."""
+        two minutes; then any running one). A fifth worker on 12 partitions may own none: Faust's
+        sticky assignor moves a partition to a new member only when that lowers the most any
+        member holds (ceil(12 / 5) = 3 = 12 / 4)."""
         deadline = time.time() + 120
         while True:
             names = self.running()
@@ -241,12 +195,17 @@ class Chaos:
             if self.extra not in self.fleet.procs:
                 say(f"== {self.extra} is not running (the outage stopped it): no leave")
                 return
-            self.wait_owning(self.extra)
-            parts = owned_partitions(self.fleet.ports[self.extra])
+            deadline = time.time() + 120  # it has joined: ready (what it owns may be nothing)
+            while self.states().get(self.extra) != "ready" and time.time() < deadline:
+                time.sleep(1)
+                self.progress()
+            owned = owned_partitions(self.fleet.ports[self.extra])
             at = time.time()
             code = self.fleet.stop(self.extra)
-            self.events.append(Event("leave", at, self.extra, parts, note=f"exit {code} after {time.time() - at:.1f}s"))
-            say(f"== {self.extra} left (partitions {parts}; exit {code} after {time.time() - at:.1f}s)")
+            # its leaving rebalances the whole group (Faust's eager protocol): every partition is disturbed
+            self.events.append(Event("leave", at, self.extra, list(range(self.settings.partitions)),
+                                     note=f"owned {owned or 'no'} partitions; exit {code} after {time.time() - at:.1f}s"))
+            say(f"== {self.extra} left (it owned partitions {owned}; exit {code} after {time.time() - at:.1f}s)")
         elif kind in ("broker", "registry"):
             svc = devstack.KAFKA if kind == "broker" else devstack.REGISTRY
             say(f"== restarting the {kind}")
@@ -291,30 +250,16 @@ class Chaos:
     # --------------------------------------------------------------------------------- run
     def execute(self) -> dict:
         args = self.args
-        say(f"== starting {args.workers} workers (app id {self.app_id}, {self.settings.partitions} partitions)")
-        self.start_fleet()
-        self.tap.start()
-        self.sampler.start()
-        sustained = None
-        if args.rate:
-            rate = args.rate
-        else:
-            say(f"== measuring the fleet's sustained rate: {args.measure_records:,} candidates as fast as they go")
-            sustained = measure_sustained(self.fleet, self.feeder, args.measure_records)
-            rate = sustained / 2
-            say(f"   sustained {sustained:,.0f} records/s; the run sends half: {rate:,.0f}/s")
-        slots = max(0, int(args.minutes * 60 // args.event_every) - 2)
-        plan = schedule(slots, self.rng)
-        say(f"== {args.minutes:g} minutes at {rate:,.0f}/s; events every {args.event_every:g}s: {', '.join(plan)}")
-        self.feeder.rate = rate
-        t0 = self.t0 = time.time()
-        self.feeder.start()
+        self.begin()
+        t0 = self.t0
+        plan = schedule(max(0, int(args.minutes * 60 // args.event_every) - 2), self.rng)
+        say(f"== {args.minutes:g} minutes at {self.rate:,.0f}/s; events every {args.event_every:g}s: {', '.join(plan)}")
         last_end, calm_end = t0, t0 + args.minutes * 60 - args.event_every
         for k, kind in enumerate(plan, start=1):
             # one slot each, and at least half a slot after the previous event ended (a broker
             # restart or the outage takes longer than a short slot); none in the last slot
             at = max(t0 + k * args.event_every, last_end + args.event_every / 2)
-            if at > calm_end and kind not in ONCE:
+            if at > calm_end and kind not in (*ONCE, "leave"):
                 say(f"== no time left for the {kind} of slot {k}: skipped")
                 self.skipped.append(kind)
                 continue
@@ -338,23 +283,28 @@ class Chaos:
         time.sleep(2)
         self.tap.stop()
         self.sampler.stop()
-        for e in self.events:
+        for e, later in zip(self.events, [*self.events[1:], None], strict=True):
             e.back_s = self.tap.back_after(e.partitions, int(e.at * 1000)) if e.partitions else None
+            if later is not None and e.back_s is not None and later.at < e.at + e.back_s:
+                e.note = f"{e.note}; overlapped by the {later.kind} {later.at - e.at:.0f}s after it".lstrip("; ")
         comparison: dict = {"ran": False}
         if caught_up:
             say("== comparing with a single-worker reference on the same input range")
             result = finish_and_compare(self.fleet, self.reference, sorted(self.feeder.users), inputs_end,
                                         self.outputs_start, TOKEN, timeout=args.catch_up_timeout, progress=say)
             if result.got.nodes != result.want.nodes:
-                save_diff(self.run / "diff-nodes.json", result.got.nodes, result.want.nodes)
+                save_diff(self.folder / "diff-nodes.json", result.got.nodes, result.want.nodes)
             comparison = {"ran": True, "equal": not result.problems, "problems": result.problems[:20],
                           "problem_count": len(result.problems), **result.figures}
-        return self.results(t0, t_end, rate, sustained, plan, caught_up, comparison, inputs_end)
+        return self.results(t_end, plan, caught_up, comparison, inputs_end)
+
+    def stop(self) -> None:
+        super().stop()
+        self.reference.kill_all()
 
     # ----------------------------------------------------------------------------- report
-    def results(self, t0: float, t_end: float, rate: float, sustained: float | None, plan: list[str], caught_up: bool,
-                comparison: dict, inputs_end: dict) -> dict:
-        minutes = []
+    def results(self, t_end: float, plan: list[str], caught_up: bool, comparison: dict, inputs_end: dict) -> dict:
+        t0, minutes = self.t0, []
         for m in range(int((t_end - t0 + 59) // 60)):
             start, end = t0 + 60 * m, min(t0 + 60 * (m + 1), t_end)
             events = [e for e in self.events if start <= e.at < end]
@@ -366,13 +316,9 @@ class Chaos:
                             "matched": len(lat), "p50_ms": _round(percentile(lat, .5)), "p99_ms": _round(percentile(lat, .99)),
                             "max_ms": _round(lat[-1] if lat else None), "calm_part_p99_ms": _round(percentile(calm, .99)),
                             "calm_part_inputs": len(calm)})
-        sent_in_run = sum(1 for s in self.feeder.sent if s >= t0)
-        matched = len(self.tap.first)
-        return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)), "load_average_end": load_average(),
-                "machine": machine(), "versions": versions(self.settings), "app_id": self.app_id,
-                "args": vars(self.args), "partitions": self.settings.partitions, "sustained_rate": _round(sustained),
-                "rate": round(rate, 1), "plan": plan, "skipped": self.skipped, "inputs": len(self.feeder.sent), "inputs_paced": sent_in_run,
-                "inputs_with_a_ledger_event_seen": matched, "users": len(self.feeder.users), "caught_up": caught_up,
+        return {**self.header(), "plan": plan, "skipped": self.skipped,
+                "inputs_paced": sum(1 for s in self.feeder.sent if s >= t0),
+                "inputs_with_a_ledger_event_seen": len(self.tap.first), "caught_up": caught_up,
                 "input_range": {f"{t}:{p}": [self.inputs_start[(t, p)], off] for (t, p), off in inputs_end.items()
                                 if off > self.inputs_start[(t, p)]},
                 "events": [asdict(e) | {"at_min": round((e.at - t0) / 60, 2)} for e in self.events],
@@ -405,6 +351,10 @@ class Chaos:
 
 def _round(v: float | None, digits: int = 1) -> float | None:
     return None if v is None else round(v, digits)
+
+
+    def markdown(self, res: dict) -> str:
+        return markdown(res)
 
 
 def markdown(res: dict) -> str:
@@ -441,13 +391,7 @@ def _ms(v: float | None) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--minutes", type=float, default=15, help="minutes of paced input")
-    ap.add_argument("--partitions", type=int, default=12)
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--users", type=int, default=300, help="users of the candidate stream")
-    ap.add_argument("--rate", type=float, default=0, help="records/s to send (0: half the measured sustained rate)")
-    ap.add_argument("--measure-records", type=int, default=20000, help="candidates sent to measure the sustained rate")
+    ap = run_arguments(__doc__, minutes=15, workers=4, partitions=12, users=300, seed=34)
     ap.add_argument("--event-every", type=float, default=60, help="seconds between chaos events")
     ap.add_argument("--outage-s", type=float, default=20, help="seconds the outage leaves the group without workers")
     ap.add_argument("--outage-first", type=int, default=1, help="workers started alone after the outage")
@@ -455,42 +399,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--session-timeout", type=float, default=0, help="MEMSTREAM_SESSION_TIMEOUT_S of the workers (0: the default)")
     ap.add_argument("--sample-every", type=float, default=5, help="seconds between lag samples")
     ap.add_argument("--catch-up-timeout", type=float, default=1200, help="seconds the fleet, then the reference, may take to catch up")
-    ap.add_argument("--seed", type=int, default=34)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out", help="where the run's folder goes")
-    ap.add_argument("--keep-stack", action="store_true", help="reuse the stack as it is (default: wipe it first)")
-    ap.add_argument("--leave-up", action="store_true", help="leave the stack running at the end")
-    ap.add_argument("--keep-data", action="store_true", help="keep the workers' data dirs (default: removed at the end)")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    env = stack_env(STACK, args.partitions)
-    settings = Settings.from_env(env)
-    run = args.out / f"chaos-{time.strftime('%Y%m%d-%H%M%S')}"
-    run.mkdir(parents=True, exist_ok=True)
-    say(f"chaos run {run.name}: stack {settings.broker} / {settings.registry_url} ({settings.stack_dir}), output {run}")
-    chaos = None
-    try:
-        start_stack(settings, wipe=not args.keep_stack)
-        chaos = Chaos(args, settings, env, run)
-        res = chaos.execute()
-    finally:
-        if chaos is not None:
-            chaos.feeder.stopping.set()
-            chaos.tap.stopping.set()
-            chaos.sampler.stopping.set()
-            chaos.fleet.kill_all()
-            chaos.reference.kill_all()
-        if not args.leave_up:
-            devstack.down(settings)
-        if not args.keep_data:
-            shutil.rmtree(run / "data", ignore_errors=True)
-    (run / "report.json").write_text(json.dumps(res, indent=1, default=str))
-    (run / "report.md").write_text(markdown(res))
-    chaos.plot(res, run / "chaos.png")
-    print(markdown(res))
-    say(f"report: {run / 'report.md'}, {run / 'report.json'}, plot {run / 'chaos.png'}")
+    _chaos, res = run_script(parse_args(argv), STACK, Chaos)
     return 0 if res["caught_up"] and res["comparison"].get("equal") else 1
 
 

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -38,71 +36,41 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_e2e import machine, versions  # noqa: E402
 from bench.fleet import (  # noqa: E402
-    INPUTS,
-    OUTPUTS,
-    Fleet,
-    LedgerTap,
-    PacedFeeder,
-    Sampler,
-    candidate_stream,
+    PacedRun,
+    Run,
     dir_mib,
-    load_average,
-    measure_sustained,
     open_fds,
+    own_stack,
     percentile,
     plot_timeline,
     rss_mib,
+    run_arguments,
+    run_script,
     say,
-    stack_env,
-    start_stack,
 )
-from streams.contracts import catalog  # noqa: E402
-from streams.settings import Settings  # noqa: E402
-from streams.tools import devstack, kafkatools  # noqa: E402
 
-STACK = {"MEMSTREAM_BROKER": "127.0.0.1:19992", "MEMSTREAM_CONTROLLER_PORT": "19993",
-         "MEMSTREAM_REGISTRY_URL": "http://127.0.0.1:18981/apis/ccompat/v7",
-         "MEMSTREAM_STACK_DIR": str(ROOT / ".memstream" / "soak-stack")}
+STACK = own_stack(19992, 18981, "soak-stack")  #: each MEMSTREAM_* of it overridden by the environment
 TOKEN = "soak"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--minutes", type=float, default=60, help="minutes of paced input")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--partitions", type=int, default=6)
-    ap.add_argument("--users", type=int, default=2000, help="users of the candidate stream")
-    ap.add_argument("--rate", type=float, default=0, help="records/s to send (0: half the measured sustained rate)")
-    ap.add_argument("--measure-records", type=int, default=20000, help="candidates sent to measure the sustained rate")
+    ap = run_arguments(__doc__, minutes=60, workers=2, partitions=6, users=2000, seed=35)
     ap.add_argument("--sample-every", type=float, default=300, help="seconds between samples")
     ap.add_argument("--warmup-minutes", type=float, default=10, help="minutes before the checks apply")
     ap.add_argument("--rss-band", type=float, default=0.10, help="allowed RSS change after the warm-up (fraction)")
     ap.add_argument("--max-lag-s", type=float, default=60, help="the lag bound, in seconds of input at the rate")
-    ap.add_argument("--seed", type=int, default=35)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out", help="where the run's folder goes")
-    ap.add_argument("--keep-stack", action="store_true", help="reuse the stack as it is (default: wipe it first)")
-    ap.add_argument("--leave-up", action="store_true", help="leave the stack running at the end")
-    ap.add_argument("--keep-data", action="store_true", help="keep the workers' data dirs (default: removed at the end)")
     return ap.parse_args(argv)
 
 
-class Soak:
-    def __init__(self, args: argparse.Namespace, settings: Settings, env: dict[str, str], run: Path) -> None:
-        self.args, self.settings, self.run = args, settings, run
-        self.fleet = Fleet(settings, run.name, {"MEMSTREAM_STORE": "rocksdb://", "MEMSTREAM_API_TOKENS": f"{TOKEN}:secret"},
-                           log_dir=run / "logs", data_root=run / "data", base_env=env)
-        self.names = [f"w{i + 1}" for i in range(args.workers)]
-        start = kafkatools.end_offsets(settings, INPUTS)
-        kafkatools.position_group(settings, run.name, start)
-        outputs = kafkatools.end_offsets(settings, OUTPUTS)
-        self.feeder = PacedFeeder(settings, candidate_stream(f"soak{args.seed}", args.users, args.seed), 1.0)
-        self.tap = LedgerTap(settings, {tp: off for tp, off in outputs.items() if tp[0] == catalog.MEMORY_LEDGER}, self.feeder)
-        self.sampler = Sampler(settings, run.name, start, self.feeder, every=5)
+class Soak(PacedRun):
+    kind = "soak"
+
+    def __init__(self, args: argparse.Namespace, run: Run) -> None:
+        super().__init__(args, run, {"MEMSTREAM_STORE": "rocksdb://", "MEMSTREAM_API_TOKENS": f"{TOKEN}:secret"},
+                         [f"w{i + 1}" for i in range(args.workers)])
         self.rows: list[dict] = []  #: one per worker per sample
         self.died: list[str] = []
-        self.t0 = 0.0
 
     def sample(self, since: float) -> None:
         now = time.time()
@@ -128,25 +96,8 @@ class Soak:
 
     def execute(self) -> dict:
         args = self.args
-        say(f"== starting {args.workers} workers (app id {self.run.name}, {self.settings.partitions} partitions)")
-        for name in self.names:
-            self.fleet.start(name, wait=False)
-        for name in self.names:
-            self.fleet.wait_ready(name, timeout=300)
-        self.tap.start()
-        self.sampler.start()
-        sustained = None
-        if args.rate:
-            rate = args.rate
-        else:
-            say(f"== measuring the workers' sustained rate: {args.measure_records:,} candidates as fast as they go")
-            sustained = measure_sustained(self.fleet, self.feeder, args.measure_records)
-            rate = sustained / 2
-            say(f"   sustained {sustained:,.0f} records/s; the soak sends half: {rate:,.0f}/s")
-        self.feeder.rate = rate
-        self.t0 = time.time()
-        self.feeder.start()
-        say(f"== {args.minutes:g} minutes at {rate:,.0f}/s, a sample every {args.sample_every:g}s")
+        self.begin()
+        say(f"== {args.minutes:g} minutes at {self.rate:,.0f}/s, a sample every {args.sample_every:g}s")
         self.sample(self.t0)
         end, last = self.t0 + args.minutes * 60, self.t0
         while (now := time.time()) < end:
@@ -160,10 +111,10 @@ class Soak:
         self.sample(last)
         self.tap.stop()
         self.sampler.stop()
-        return self.results(rate, sustained)
+        return self.results()
 
-    def results(self, rate: float, sustained: float | None) -> dict:
-        args = self.args
+    def results(self) -> dict:
+        args, rate = self.args, self.rate
         checks = []
         warm = [r for r in self.rows if r["t_min"] >= args.warmup_minutes]
         for name in self.names:
@@ -193,11 +144,7 @@ class Soak:
         for name, g in growth.items():
             checks.append(("INFO", f"{name} per hour after the warm-up: RSS {g['rss_mib']:+,} MiB, "
                                    f"open fds {g['open_fds']:+,}, data dir {g['data_dir_mib']:+,} MiB"))
-        return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.t0)), "load_average_end": load_average(),
-                "machine": machine(), "versions": versions(self.settings), "app_id": self.run.name, "args": vars(args),
-                "partitions": self.settings.partitions, "sustained_rate": None if sustained is None else round(sustained, 1),
-                "rate": round(rate, 1), "inputs": len(self.feeder.sent), "users": len(self.feeder.users),
-                "checks": checks, "growth_per_hour": growth, "rows": self.rows,
+        return {**self.header(), "checks": checks, "growth_per_hour": growth, "rows": self.rows,
                 "lag_every_5s": [(round((s.t - self.t0) / 60, 3), s.lag) for s in self.sampler.samples]}
 
     def plot(self, res: dict, path: Path) -> None:
@@ -215,6 +162,10 @@ class Soak:
         ], [(self.args.warmup_minutes, "end of warm-up")])
 
 
+    def markdown(self, res: dict) -> str:
+        return markdown(res)
+
+
 def markdown(res: dict) -> str:
     lines = [f"# Soak {res['app_id']} ({res['date']})", "", f"{res['machine']}; load average at the end {res['load_average_end']}",
              res["versions"], "",
@@ -230,37 +181,14 @@ def markdown(res: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    env = stack_env(STACK, args.partitions)
-    settings = Settings.from_env(env)
-    run = args.out / f"soak-{time.strftime('%Y%m%d-%H%M%S')}"
-    run.mkdir(parents=True, exist_ok=True)
-    say(f"soak {run.name}: stack {settings.broker} / {settings.registry_url} ({settings.stack_dir}), output {run}")
-    soak = None
-    try:
-        start_stack(settings, wipe=not args.keep_stack)
-        soak = Soak(args, settings, env, run)
-        res = soak.execute()
-    finally:
-        if soak is not None:
-            soak.feeder.stopping.set()
-            soak.tap.stopping.set()
-            soak.sampler.stopping.set()
-            soak.fleet.stop_all()
-        if not args.leave_up:
-            devstack.down(settings)
-        if not args.keep_data:
-            shutil.rmtree(run / "data", ignore_errors=True)
-    with open(run / "samples.csv", "w", newline="") as f:
+    soak, res = run_script(parse_args(argv), STACK, Soak)
+    with open(soak.folder / "samples.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(res["rows"][0]) if res["rows"] else ["t_min"])
         writer.writeheader()
         writer.writerows(res["rows"])
-    (run / "report.json").write_text(json.dumps(res, indent=1, default=str))
-    (run / "report.md").write_text(markdown(res))
-    soak.plot(res, run / "soak.png")
     for verdict, text in res["checks"]:
         print(f"{verdict}: {text}")
-    say(f"report: {run / 'report.md'}, {run / 'samples.csv'}, plot {run / 'soak.png'}")
+    say(f"samples: {soak.folder / 'samples.csv'}")
     return 0 if all(v != "FAIL" for v, _ in res["checks"]) else 1
 
 
