@@ -636,15 +636,26 @@ def dir_mib(path: str | Path) -> float:
     return total / 2**20
 
 
-def owned_partitions(port: int, topic: str = catalog.MEMORY_CANDIDATES) -> list[int]:
-    """The partitions of `topic` a worker owns (its /metrics consumer_lag series, one per owned input partition)."""
+def metrics_text(port: int) -> str:
+    """A worker's /metrics (Prometheus text), or "" while it does not answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
+            return resp.read().decode()
     except OSError:
-        return []
+        return ""
+
+
+def metric(text: str, name: str) -> float | None:
+    """The sum of the series of one metric (`memstream_...`, every label) in a /metrics text."""
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " ")]
+    return sum(values) if values else None
+
+
+def owned_partitions(port: int, topic: str = catalog.MEMORY_CANDIDATES) -> list[int]:
+    """The partitions of `topic` a worker owns (its /metrics consumer_lag series, one per owned input partition)."""
     out = set()
-    for line in text.splitlines():
+    for line in metrics_text(port).splitlines():
         if line.startswith("memstream_consumer_lag{") and f'topic="{topic}"' in line:
             out.add(int(line.split('partition="', 1)[1].split('"', 1)[0]))
     return sorted(out)

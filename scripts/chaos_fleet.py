@@ -311,7 +311,8 @@ class Chaos(PacedRun):
             lat = self.tap.latencies_ms(start, end)
             calm_from = max([e.at + (e.back_s or 0) for e in events], default=start)
             calm = self.tap.latencies_ms(calm_from, end) if events else lat
-            minutes.append({"minute": m, "events": ", ".join(f"{e.kind}{' ' + e.worker if e.worker else ''}" for e in events),
+            lag_start = next((smp.lag for smp in self.sampler.samples if smp.t >= start), None)
+            minutes.append({"minute": m, "lag_at_start": lag_start, "events": ", ".join(f"{e.kind}{' ' + e.worker if e.worker else ''}" for e in events),
                             "calm": not events, "inputs": sum(1 for s in self.feeder.sent if start <= s < end),
                             "matched": len(lat), "p50_ms": _round(percentile(lat, .5)), "p99_ms": _round(percentile(lat, .99)),
                             "max_ms": _round(lat[-1] if lat else None), "calm_part_p99_ms": _round(percentile(calm, .99)),
@@ -377,11 +378,12 @@ def markdown(res: dict) -> str:
     for e in res["events"]:
         back = "–" if e["back_s"] is None else f"{e['back_s']:.1f} s"
         lines.append(f"| {e['kind']} | {e['at_min']:.2f} | {e['worker'] or '–'} | {len(e['partitions'])} | {back} | {e['note']} |")
-    lines += ["", "| minute | events | inputs | visible p50 | p99 | max | p99 after recovery (inputs) |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "| minute | events | lag at its start | inputs | visible p50 | p99 | max | p99 after recovery (inputs) |",
+              "|---|---|---|---|---|---|---|---|"]
     for m in res["minutes"]:
         calm = "calm" if m["calm"] else f"{_ms(m['calm_part_p99_ms'])} ({m['calm_part_inputs']:,})"
-        lines.append(f"| {m['minute']} | {m['events'] or 'calm'} | {m['inputs']:,} | {_ms(m['p50_ms'])} | "
+        lag = "–" if m["lag_at_start"] is None else f"{m['lag_at_start']:,}"
+        lines.append(f"| {m['minute']} | {m['events'] or 'calm'} | {lag} | {m['inputs']:,} | {_ms(m['p50_ms'])} | "
                      f"{_ms(m['p99_ms'])} | {_ms(m['max_ms'])} | {calm} |")
     return "\n".join(lines) + "\n"
 

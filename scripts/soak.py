@@ -40,6 +40,8 @@ from bench.fleet import (  # noqa: E402
     PacedRun,
     Run,
     dir_mib,
+    metric,
+    metrics_text,
     open_fds,
     own_stack,
     percentile,
@@ -87,12 +89,15 @@ class Soak(PacedRun):
                     self.died.append(name)
                     say(f"!! worker {name} exited; log {self.fleet.log_path(name)}")
                 continue
+            text = metrics_text(self.fleet.ports[name])
             row = {"t_min": round((now - self.t0) / 60, 2), "worker": name, "rss_mib": round(rss_mib(proc.pid), 1),
                    "open_fds": open_fds(proc.pid), "data_dir_mib": round(dir_mib(self.fleet.data_dir(name)), 1),
+                   "nodes_loaded": metric(text, "memstream_memory_nodes_loaded"),
+                   "state_keys": metric(text, 'memstream_table_keys{table="memory-state"}'),
                    "lag": lag, "committed_per_s": round(rate, 1), "p99_ms": None if p99 is None else round(p99)}
             self.rows.append(row)
             say(f"  sample {row['t_min']:6.1f} min {name}: RSS {row['rss_mib']:,.0f} MiB, {row['open_fds']} fds, "
-                f"data dir {row['data_dir_mib']:,.0f} MiB; lag {lag:,}, {rate:,.0f}/s committed, p99 {row['p99_ms']} ms")
+                f"data dir {row['data_dir_mib']:,.0f} MiB, {row['nodes_loaded'] or 0:,.0f} nodes loaded; lag {lag:,}, {rate:,.0f}/s committed, p99 {row['p99_ms']} ms")
 
     def execute(self) -> dict:
         args = self.args
@@ -135,15 +140,20 @@ class Soak(PacedRun):
                        f"(bound {bound:,.0f} = {args.max_lag_s:g} s of input; {len(lags)} samples every 5 s)"))
         checks.append(("PASS" if not self.died else "FAIL",
                         "no worker exited" if not self.died else f"worker(s) exited: {', '.join(self.died)}"))
-        growth = {}
+        growth: dict[str, dict] = {}
         for name in self.names:
             mine = [r for r in warm if r["worker"] == name]
-            if len(mine) > 1:
-                hours = (mine[-1]["t_min"] - mine[0]["t_min"]) / 60 or 1
-                growth[name] = {k: round((mine[-1][k] - mine[0][k]) / hours, 1) for k in ("rss_mib", "open_fds", "data_dir_mib")}
-        for name, g in growth.items():
-            checks.append(("INFO", f"{name} per hour after the warm-up: RSS {g['rss_mib']:+,} MiB, "
-                                   f"open fds {g['open_fds']:+,}, data dir {g['data_dir_mib']:+,} MiB"))
+            # after the warm-up, and over its second half only (a growth that levels off shows there)
+            for part, rows in (("after_warmup", mine), ("second_half", mine[len(mine) // 2:])):
+                if len(rows) > 1:
+                    hours = (rows[-1]["t_min"] - rows[0]["t_min"]) / 60 or 1
+                    growth.setdefault(name, {})[part] = {k: round((rows[-1][k] - rows[0][k]) / hours, 1)
+                                                         for k in ("rss_mib", "open_fds", "data_dir_mib")}
+        for name, parts in growth.items():
+            text = "; ".join(f"{'after the warm-up' if part == 'after_warmup' else 'its second half'}: RSS "
+                             f"{g['rss_mib']:+,.0f} MiB, open fds {g['open_fds']:+,.0f}, data dir {g['data_dir_mib']:+,.0f} MiB"
+                             for part, g in parts.items())
+            checks.append(("INFO", f"{name}, per hour, {text}"))
         return {**self.header(), "checks": checks, "growth_per_hour": growth, "rows": self.rows,
                 "lag_every_5s": [(round((s.t - self.t0) / 60, 3), s.lag) for s in self.sampler.samples]}
 
@@ -172,12 +182,18 @@ def markdown(res: dict) -> str:
              f"{res['args']['minutes']:g} minutes, {res['args']['workers']} workers, {res['partitions']} partitions, "
              f"{res['users']} users; sustained rate {res['sustained_rate'] or '–'} records/s, sent at {res['rate']:,.0f}/s; "
              f"{res['inputs']:,} inputs.", "",
-             "| min | worker | RSS MiB | open fds | data dir MiB | lag | committed/s | p99 ms |", "|---|---|---|---|---|---|---|---|"]
+             "| min | worker | RSS MiB | open fds | data dir MiB | nodes loaded | state keys | lag | committed/s | p99 ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         lines.append(f"| {r['t_min']:.1f} | {r['worker']} | {r['rss_mib']:,.0f} | {r['open_fds']} | {r['data_dir_mib']:,.0f} | "
+                     f"{_n(r.get('nodes_loaded'))} | {_n(r.get('state_keys'))} | "
                      f"{r['lag']:,} | {r['committed_per_s']:,.0f} | {r['p99_ms'] if r['p99_ms'] is not None else '–'} |")
     lines += ["", *[f"- {verdict}: {text}" for verdict, text in res["checks"]]]
     return "\n".join(lines) + "\n"
+
+
+def _n(v: float | None) -> str:
+    return "–" if v is None else f"{v:,.0f}"
 
 
 def main(argv: list[str] | None = None) -> int:
