@@ -216,9 +216,15 @@ class Fleet:
         for name, proc in self.procs.items():
             assert proc.poll() is None, f"worker {name} died; log {self.log_path(name)}"
 
-    def wait_caught_up(self, ends: Offsets, timeout: float = 900, progress: Callable[[int], None] | None = None) -> None:
+    def wait_caught_up(self, ends: Offsets, timeout: float = 900, progress: Callable[[int], None] | None = None,
+                       revive: Callable[[str], None] | None = None) -> None:
+        """Until the group has committed `ends`. A worker that exits meanwhile fails the wait,
+        unless `revive` is given: it is then told the worker's name (and may start it again)."""
         deadline = time.monotonic() + timeout
         while (lag := kafkatools.group_lag(self.settings, self.app_id, ends)) > 0:
+            if revive is not None:
+                for name in [n for n, proc in self.procs.items() if proc.poll() is not None]:
+                    revive(name)
             self.alive()
             assert time.monotonic() < deadline, f"{self.app_id} still {lag} records behind after {timeout:.0f}s"
             if progress:

@@ -137,16 +137,21 @@ class Chaos(PacedRun):
             return
         self.last_progress = now
         for name, proc in list(self.fleet.procs.items()):
-            if proc.poll() is not None:  # a worker died by itself: a finding; it is started again
-                self.events.append(Event("died", now, name, note=f"exit {proc.returncode}; log {self.fleet.log_path(name)}"))
-                say(f"!! worker {name} exited {proc.returncode} by itself; log {self.fleet.log_path(name)}; starting it again")
-                self.fleet.procs.pop(name)
-                self.fleet.start(name, wait=False)
+            if proc.poll() is not None:
+                self.revive(name)
         s = self.sampler.samples[-2:]
         rate = (s[-1].committed - s[0].committed) / (s[-1].t - s[0].t) if len(s) == 2 and s[-1].t > s[0].t else 0.0
         lag = s[-1].lag if s else 0
         states = " ".join(f"{n}:{st}" for n, st in sorted(self.states().items()))
         say(f"  … {len(self.feeder.sent):,} sent, {rate:,.0f}/s committed, lag {lag:,}, {states}")
+
+    def revive(self, name: str) -> None:
+        """A worker that exited by itself (a finding, reported as `died`) is started again, as a
+        supervisor would."""
+        proc = self.fleet.procs.pop(name)
+        self.events.append(Event("died", time.time(), name, note=f"exit {proc.returncode}; log {self.fleet.log_path(name)}"))
+        say(f"!! worker {name} exited {proc.returncode} by itself; log {self.fleet.log_path(name)}; starting it again")
+        self.fleet.start(name, wait=False)
 
     def sleep_until(self, t: float) -> None:
         while (left := t - time.time()) > 0:
@@ -276,7 +281,8 @@ class Chaos(PacedRun):
         inputs_end = kafkatools.end_offsets(self.settings, INPUTS)
         caught_up = True
         try:
-            self.fleet.wait_caught_up(inputs_end, args.catch_up_timeout, progress=lambda _lag: self.progress())
+            self.fleet.wait_caught_up(inputs_end, args.catch_up_timeout, progress=lambda _lag: self.progress(),
+                                      revive=self.revive)
         except AssertionError as exc:
             caught_up = False
             say(f"!! {exc}")
@@ -349,13 +355,12 @@ class Chaos(PacedRun):
                           ("lag (records)", {"lag": ([(s.t - t0) / 60 for s in samples], [s.lag for s in samples])}, False),
                       ], events)
 
+    def markdown(self, res: dict) -> str:
+        return markdown(res)
+
 
 def _round(v: float | None, digits: int = 1) -> float | None:
     return None if v is None else round(v, digits)
-
-
-    def markdown(self, res: dict) -> str:
-        return markdown(res)
 
 
 def markdown(res: dict) -> str:

@@ -171,7 +171,6 @@ class Soak(PacedRun):
             ("p99 of the interval, ms", {"p99": ([t for t, _ in p99], [v for _, v in p99])}, False),
         ], [(self.args.warmup_minutes, "end of warm-up")])
 
-
     def markdown(self, res: dict) -> str:
         return markdown(res)
 
