@@ -36,28 +36,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.fleet import (  # noqa: E402
-    PacedRun,
-    Run,
-    dir_mib,
-    metric,
-    metrics_text,
-    open_fds,
-    own_stack,
-    percentile,
-    plot_timeline,
-    rss_mib,
-    run_arguments,
-    run_script,
-    say,
-)
+from bench import fleet  # noqa: E402
 
-STACK = own_stack(19992, 18981, "soak-stack")  #: each MEMSTREAM_* of it overridden by the environment
+STACK = fleet.own_stack(19992, 18981, "soak-stack")  #: each MEMSTREAM_* of it overridden by the environment
 TOKEN = "soak"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = run_arguments(__doc__, minutes=60, workers=2, partitions=6, users=2000, seed=35)
+    ap = fleet.run_arguments(__doc__, minutes=60, workers=2, partitions=6, users=2000, seed=35)
     ap.add_argument("--sample-every", type=float, default=300, help="seconds between samples")
     ap.add_argument("--warmup-minutes", type=float, default=10, help="minutes before the checks apply")
     ap.add_argument("--rss-band", type=float, default=0.10, help="allowed RSS change after the warm-up (fraction)")
@@ -65,10 +51,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-class Soak(PacedRun):
+class Soak(fleet.PacedRun):
     kind = "soak"
 
-    def __init__(self, args: argparse.Namespace, run: Run) -> None:
+    def __init__(self, args: argparse.Namespace, run: fleet.Run) -> None:
         super().__init__(args, run, {"MEMSTREAM_STORE": "rocksdb://", "MEMSTREAM_API_TOKENS": f"{TOKEN}:secret"},
                          [f"w{i + 1}" for i in range(args.workers)])
         self.rows: list[dict] = []  #: one per worker per sample
@@ -81,28 +67,28 @@ class Soak(PacedRun):
         rate = ((window[-1].committed - window[0].committed) / (window[-1].t - window[0].t)
                 if len(window) > 1 and window[-1].t > window[0].t else 0.0)
         # inputs sent in the interval up to 10 s ago (their ledger events have had time to arrive)
-        p99 = percentile(self.tap.latencies_ms(since - 10, now - 10), .99)
+        p99 = fleet.percentile(self.tap.latencies_ms(since - 10, now - 10), .99)
         for name in self.names:
             proc = self.fleet.procs.get(name)
             if proc is None or proc.poll() is not None:
                 if name not in self.died:
                     self.died.append(name)
-                    say(f"!! worker {name} exited; log {self.fleet.log_path(name)}")
+                    fleet.say(f"!! worker {name} exited; log {self.fleet.log_path(name)}")
                 continue
-            text = metrics_text(self.fleet.ports[name])
-            row = {"t_min": round((now - self.t0) / 60, 2), "worker": name, "rss_mib": round(rss_mib(proc.pid), 1),
-                   "open_fds": open_fds(proc.pid), "data_dir_mib": round(dir_mib(self.fleet.data_dir(name)), 1),
-                   "nodes_loaded": metric(text, "memstream_memory_nodes_loaded"),
-                   "state_keys": metric(text, 'memstream_table_keys{table="memory-state"}'),
+            text = fleet.metrics_text(self.fleet.ports[name])
+            row = {"t_min": round((now - self.t0) / 60, 2), "worker": name, "rss_mib": round(fleet.rss_mib(proc.pid), 1),
+                   "open_fds": fleet.open_fds(proc.pid), "data_dir_mib": round(fleet.dir_mib(self.fleet.data_dir(name)), 1),
+                   "nodes_loaded": fleet.metric(text, "memstream_memory_nodes_loaded"),
+                   "state_keys": fleet.metric(text, 'memstream_table_keys{table="memory-state"}'),
                    "lag": lag, "committed_per_s": round(rate, 1), "p99_ms": None if p99 is None else round(p99)}
             self.rows.append(row)
-            say(f"  sample {row['t_min']:6.1f} min {name}: RSS {row['rss_mib']:,.0f} MiB, {row['open_fds']} fds, "
+            fleet.say(f"  sample {row['t_min']:6.1f} min {name}: RSS {row['rss_mib']:,.0f} MiB, {row['open_fds']} fds, "
                 f"data dir {row['data_dir_mib']:,.0f} MiB, {row['nodes_loaded'] or 0:,.0f} nodes loaded; lag {lag:,}, {rate:,.0f}/s committed, p99 {row['p99_ms']} ms")
 
     def execute(self) -> dict:
         args = self.args
         self.begin()
-        say(f"== {args.minutes:g} minutes at {self.rate:,.0f}/s, a sample every {args.sample_every:g}s")
+        fleet.say(f"== {args.minutes:g} minutes at {self.rate:,.0f}/s, a sample every {args.sample_every:g}s")
         self.sample(self.t0)
         end, last = self.t0 + args.minutes * 60, self.t0
         while (now := time.time()) < end:
@@ -163,7 +149,7 @@ class Soak(PacedRun):
                     for n in self.names}
         first = [r for r in self.rows if r["worker"] == self.names[0]]
         p99 = [(r["t_min"], r["p99_ms"]) for r in first if r["p99_ms"] is not None]
-        plot_timeline(path, f"memstream soak: {len(self.names)} workers, {res['rate']:,.0f} records/s ({res['date']})", [
+        fleet.plot_timeline(path, f"memstream soak: {len(self.names)} workers, {res['rate']:,.0f} records/s ({res['date']})", [
             ("RSS, MiB", per_worker("rss_mib"), False),
             ("open fds", per_worker("open_fds"), False),
             ("data dir, MiB", per_worker("data_dir_mib"), False),
@@ -196,14 +182,14 @@ def _n(v: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    soak, res = run_script(parse_args(argv), STACK, Soak)
+    soak, res = fleet.run_script(parse_args(argv), STACK, Soak)
     with open(soak.folder / "samples.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(res["rows"][0]) if res["rows"] else ["t_min"])
         writer.writeheader()
         writer.writerows(res["rows"])
     for verdict, text in res["checks"]:
         print(f"{verdict}: {text}")
-    say(f"samples: {soak.folder / 'samples.csv'}")
+    fleet.say(f"samples: {soak.folder / 'samples.csv'}")
     return 0 if all(v != "FAIL" for v, _ in res["checks"]) else 1
 
 
