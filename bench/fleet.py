@@ -592,6 +592,9 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.settings, self.group, self.start_offsets, self.feeder, self.every = settings, group, start, feeder, every
         self.samples: list[Sample] = []
+        self.last: Offsets = dict(start)  #: each partition's committed offset as last read
+        #: (time, partition, committed before, committed now) of a committed offset that moved back
+        self.backwards: list[tuple[float, str, int, int]] = []
         self.stopping = threading.Event()
 
     def sample(self) -> Sample:
@@ -601,9 +604,16 @@ class Sampler(threading.Thread):
             committed = c.committed([TopicPartition(t, p) for (t, p) in ends], timeout=10)
         finally:
             c.close()
-        done = {(tp.topic, tp.partition): max(tp.offset, self.start_offsets[(tp.topic, tp.partition)]) for tp in committed}
-        return Sample(time.time(), sum(done[tp] - self.start_offsets[tp] for tp in ends),
-                      sum(ends[tp] - done[tp] for tp in ends), len(self.feeder.sent))
+        now = time.time()
+        for tp in committed:
+            key = (tp.topic, tp.partition)
+            if tp.offset < 0 or tp.error is not None:  # not answered this time: the last one read stands
+                continue
+            if tp.offset < self.last[key]:
+                self.backwards.append((now, f"{tp.topic}[{tp.partition}]", self.last[key], tp.offset))
+            self.last[key] = max(tp.offset, self.start_offsets[key])
+        return Sample(now, sum(self.last[tp] - self.start_offsets[tp] for tp in ends),
+                      sum(ends[tp] - self.last[tp] for tp in ends), len(self.feeder.sent))
 
     def run(self) -> None:
         while not self.stopping.wait(self.every):

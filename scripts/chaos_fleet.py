@@ -330,6 +330,7 @@ class Chaos(PacedRun):
                                 if off > self.inputs_start[(t, p)]},
                 "events": [asdict(e) | {"at_min": round((e.at - t0) / 60, 2)} for e in self.events],
                 "minutes": minutes, "comparison": comparison, "tap_errors": self.tap.errors,
+                "committed_offsets_moved_back": self.sampler.backwards,
                 "samples": [asdict(s) | {"t_min": round((s.t - t0) / 60, 3)} for s in self.sampler.samples]}
 
     def plot(self, res: dict, path: Path) -> None:
@@ -377,6 +378,10 @@ def markdown(res: dict) -> str:
              f"{c.get('dead_letters', '–')} dead letters; fleet caught up: {res['caught_up']}.", ""]
     if c.get("problems"):
         lines += ["Differences (first 20):", "", *[f"- {p}" for p in c["problems"]], ""]
+    if res.get("committed_offsets_moved_back"):
+        moved = res["committed_offsets_moved_back"]
+        lines += [f"A committed offset moved back {len(moved)} time(s) (records read again, not lost): "
+                  + ", ".join(f"{where} {before}→{now}" for _t, where, before, now in moved[:5]), ""]
     if res["skipped"]:
         lines += [f"Events of the plan skipped (no time left in the run): {', '.join(res['skipped'])}.", ""]
     lines += ["| event | at (min) | worker | partitions | until they produced again | note |", "|---|---|---|---|---|---|"]
