@@ -231,12 +231,12 @@ class Fleet:
                 progress(lag)
             time.sleep(0.5)
 
-    def stop_all(self) -> None:
-        """A clean stop of every worker, signalled together (one rebalance, not one per worker)."""
+    def stop_all(self) -> dict[str, int]:
+        """A clean stop of every worker, signalled together (one rebalance, not one per worker);
+        their exit statuses."""
         for proc in self.procs.values():
             proc.terminate()
-        for name in list(self.procs):
-            self.stop(name, signalled=True)
+        return {name: self.stop(name, signalled=True) for name in list(self.procs)}
 
     def kill_all(self) -> None:
         for name in list(self.procs):

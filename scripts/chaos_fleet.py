@@ -228,7 +228,7 @@ class Chaos(PacedRun):
         partitions on few workers), the others `--outage-alone-s` later."""
         args, at = self.args, time.time()
         say(f"== outage: stopping all {len(self.fleet.procs)} workers")
-        self.fleet.stop_all()
+        codes = self.fleet.stop_all()
         stopped = time.time() - at
         self.sleep_until(time.time() + args.outage_s)
         first, rest = self.names[:args.outage_first], self.names[args.outage_first:]
@@ -248,7 +248,8 @@ class Chaos(PacedRun):
             self.fleet.start(name, wait=False)
         say(f"== outage: {', '.join(rest)} started")
         self.events.append(Event("outage", at, partitions=list(range(self.settings.partitions)),
-                                 note=f"stopped in {stopped:.1f}s, {args.outage_s:.0f}s without workers, "
+                                 note=f"stopped in {stopped:.1f}s (exit {', '.join(map(str, codes.values()))}), "
+                                      f"{args.outage_s:.0f}s without workers, "
                                       f"{len(first)} alone for {args.outage_alone_s:.0f}s "
                                       f"(ready after {ready_s if ready_s is None else round(ready_s, 1)}s)"))
 
