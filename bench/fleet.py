@@ -530,7 +530,8 @@ class LedgerTap(threading.Thread):
         self.decode = codecs(settings).codec("memory_event").decode
         self.feeder = feeder
         self.first: dict[int, float] = {}  #: input n -> receive time of its first ledger event
-        self.created: dict[int, list[int]] = {}  #: ledger partition -> CreateTimes seen, in order
+        #: ledger partition -> (CreateTime ms, receive time s) of the records seen, in order
+        self.created: dict[int, list[tuple[int, float]]] = {}
         self.stopping = threading.Event()
         self.errors = 0
 
@@ -546,7 +547,7 @@ class LedgerTap(threading.Thread):
             for msg in batch:
                 if msg.error() or msg.value() is None:
                     continue
-                self.created.setdefault(msg.partition(), []).append(msg.timestamp()[1])
+                self.created.setdefault(msg.partition(), []).append((msg.timestamp()[1], now))
                 n = self.feeder.index.get(self.decode(msg.value())["event_id"])
                 if n is not None and n not in self.first:
                     self.first[n] = now
@@ -563,14 +564,16 @@ class LedgerTap(threading.Thread):
 
     def back_after(self, partitions: list[int], since_ms: int) -> float | None:
         """Seconds from `since_ms` until every one of `partitions` had a ledger record written
-        after it (None while one has not)."""
+        after it (CreateTime) and visible (received by the tap); None while one has not. Visible,
+        not only written: a worker goes on writing into its producer's queue while the broker is
+        down."""
         firsts = []
         for p in partitions:
-            later = [t for t in self.created.get(p, ()) if t > since_ms]
+            later = [received for created, received in self.created.get(p, ()) if created > since_ms]
             if not later:
                 return None
             firsts.append(min(later))
-        return (max(firsts) - since_ms) / 1000 if firsts else 0.0
+        return max(0.0, max(firsts) - since_ms / 1000) if firsts else 0.0
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:

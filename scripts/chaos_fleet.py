@@ -260,6 +260,7 @@ class Chaos(PacedRun):
         t0 = self.t0
         plan = schedule(max(0, int(args.minutes * 60 // args.event_every) - 2), self.rng)
         say(f"== {args.minutes:g} minutes at {self.rate:,.0f}/s; events every {args.event_every:g}s: {', '.join(plan)}")
+        self.skipped += [kind for kind in ("join", "leave", *ONCE) if kind not in plan]  # too few slots for them
         last_end, calm_end = t0, t0 + args.minutes * 60 - args.event_every
         for k, kind in enumerate(plan, start=1):
             # one slot each, and at least half a slot after the previous event ended (a broker
@@ -384,7 +385,7 @@ def markdown(res: dict) -> str:
         lines += [f"A committed offset moved back {len(moved)} time(s) (records read again, not lost): "
                   + ", ".join(f"{where} {before}→{now}" for _t, where, before, now in moved[:5]), ""]
     if res["skipped"]:
-        lines += [f"Events of the plan skipped (no time left in the run): {', '.join(res['skipped'])}.", ""]
+        lines += [f"Events skipped (no slot or no time left in the run): {', '.join(res['skipped'])}.", ""]
     lines += ["| event | at (min) | worker | partitions | until they produced again | note |", "|---|---|---|---|---|---|"]
     for e in res["events"]:
         back = "–" if e["back_s"] is None else f"{e['back_s']:.1f} s"
