@@ -557,6 +557,16 @@ class LedgerTap(threading.Thread):
         self.stopping.set()
         self.join(30)
 
+    def longest_pause(self, partitions: list[int], start_s: float, end_s: float) -> float | None:
+        """The longest stretch of [start_s, end_s] in which one of `partitions` had no ledger
+        record become visible (the window's edges count as a pause's edges); None for no partition."""
+        worst = None
+        for p in partitions:
+            edges = [start_s, *sorted(r for _c, r in self.created.get(p, ()) if start_s <= r <= end_s), end_s]
+            gap = max(b - a for a, b in zip(edges, edges[1:], strict=False))
+            worst = gap if worst is None else max(worst, gap)
+        return worst
+
     def latencies_ms(self, start_s: float, end_s: float) -> list[float]:
         """Visible latency (first ledger event received - sent) of the inputs sent in [start_s, end_s), sorted."""
         sent = self.feeder.sent

@@ -33,9 +33,11 @@ Reported (progress lines while it runs; `bench/out/chaos-<time>/report.json`, `r
 latency (first ledger event received - sent) p50/p99/max, with the minute's event, and for a
 minute with an event the p99 of the inputs sent after the fleet recovered from it ("calm part");
 for every event the time until the partitions it disturbed produced again (a ledger record written
-after the event on each: the killed or departed worker's partitions, every partition for the
-others) — for `kill` the failover time; the comparison; the PNG: throughput (committed input
-records/s and the rate sent), latency p50/p99 per 10 s of sending, lag, events marked.
+after the event — after the broker was back, after every worker had stopped — visible
+on each: the killed worker's partitions, every partition for the others; for `kill` the failover
+time) and the longest any of them showed no output within two minutes of it; committed offsets
+that moved back; the comparison; the PNG: throughput (committed input records/s and the rate
+sent), latency p50/p99 per 10 s of sending, lag, events marked.
 
 Exit 0 when the comparison found nothing and the fleet caught up; 1 otherwise.
 """
@@ -82,7 +84,12 @@ class Event:
     worker: str = ""
     partitions: list[int] = field(default_factory=list)  #: the partitions it disturbed
     note: str = ""
-    back_s: float | None = None  #: until each of `partitions` produced again (a ledger record written after `at`)
+    #: from when "produced again" counts (epoch s): `at`, or for a broker restart the moment it
+    #: was back, for the outage the moment every worker had stopped (until then records written
+    #: before the fault still become visible)
+    since: float | None = None
+    back_s: float | None = None  #: from `at` until each of `partitions` had a record written after `since` visible
+    pause_s: float | None = None  #: the longest any of `partitions` showed no output, up to 2 min or the next event
 
 
 def schedule(slots: int, rng: random.Random) -> list[str]:
@@ -217,7 +224,10 @@ class Chaos(PacedRun):
             devstack.stop(self.settings, svc)
             time.sleep(2)
             devstack.up(self.settings)
+            # after a broker restart output counts once the broker is back (records written before
+            # it stopped still become visible); the registry's restart does not stop records that flow
             self.events.append(Event(kind, at, partitions=list(range(self.settings.partitions)),
+                                     since=time.time() if kind == "broker" else None,
                                      note=f"down and up again in {time.time() - at:.1f}s"))
             say(f"== the {kind} is back after {time.time() - at:.1f}s")
         elif kind == "outage":
@@ -247,7 +257,7 @@ class Chaos(PacedRun):
         for name in rest:
             self.fleet.start(name, wait=False)
         say(f"== outage: {', '.join(rest)} started")
-        self.events.append(Event("outage", at, partitions=list(range(self.settings.partitions)),
+        self.events.append(Event("outage", at, partitions=list(range(self.settings.partitions)), since=at + stopped,
                                  note=f"stopped in {stopped:.1f}s (exit {', '.join(map(str, codes.values()))}), "
                                       f"{args.outage_s:.0f}s without workers, "
                                       f"{len(first)} alone for {args.outage_alone_s:.0f}s "
@@ -292,7 +302,10 @@ class Chaos(PacedRun):
         self.tap.stop()
         self.sampler.stop()
         for e, later in zip(self.events, [*self.events[1:], None], strict=True):
-            e.back_s = self.tap.back_after(e.partitions, int(e.at * 1000)) if e.partitions else None
+            since = e.since or e.at
+            back = self.tap.back_after(e.partitions, int(since * 1000)) if e.partitions else None
+            e.back_s = None if back is None else since - e.at + back
+            e.pause_s = self.tap.longest_pause(e.partitions, e.at, min(e.at + 120, later.at if later else time.time()))
             if later is not None and e.back_s is not None and later.at < e.at + e.back_s:
                 e.note = f"{e.note}; overlapped by the {later.kind} {later.at - e.at:.0f}s after it".lstrip("; ")
         comparison: dict = {"ran": False}
@@ -386,10 +399,13 @@ def markdown(res: dict) -> str:
                   + ", ".join(f"{where} {before}→{now}" for _t, where, before, now in moved[:5]), ""]
     if res["skipped"]:
         lines += [f"Events skipped (no slot or no time left in the run): {', '.join(res['skipped'])}.", ""]
-    lines += ["| event | at (min) | worker | partitions | until they produced again | note |", "|---|---|---|---|---|---|"]
+    lines += ["| event | at (min) | worker | partitions | until they produced again | longest pause of one | note |",
+              "|---|---|---|---|---|---|---|"]
     for e in res["events"]:
         back = "–" if e["back_s"] is None else f"{e['back_s']:.1f} s"
-        lines.append(f"| {e['kind']} | {e['at_min']:.2f} | {e['worker'] or '–'} | {len(e['partitions'])} | {back} | {e['note']} |")
+        pause = "–" if e.get("pause_s") is None else f"{e['pause_s']:.1f} s"
+        lines.append(f"| {e['kind']} | {e['at_min']:.2f} | {e['worker'] or '–'} | {len(e['partitions'])} | {back} | {pause} "
+                     f"| {e['note']} |")
     lines += ["", "| minute | events | lag at its start | inputs | visible p50 | p99 | max | p99 after recovery (inputs) |",
               "|---|---|---|---|---|---|---|---|"]
     for m in res["minutes"]:
