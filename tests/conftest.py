@@ -146,6 +146,8 @@ LONG_TESTS: dict[str, int] = {
     "tests/system/test_faults_kafka.py::test_broker_restart_mid_stream": 100,
     "tests/system/test_faults_kafka.py::test_failover_to_a_standby_replica": 90,
     "tests/examples/test_examples_kafka.py": 120,
+    "tests/system/test_samejob_kafka.py": 120,
+    "tests/system/test_poison_kafka.py::test_poison_records_among_valid_ones_on_two_workers": 120,
     "tests/runtime/test_registry_kafka.py": 120,
 }
 

@@ -16,30 +16,16 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
+from bench.fleet import candidate, codecs  # noqa: F401 - re-exported for the tests
 from streams.contracts import catalog
-from streams.contracts.wire import CodecFactory, InvalidKeyError, decode_key, encode_key
+from streams.contracts.wire import InvalidKeyError, decode_key, encode_key
 from streams.settings import Settings
 from streams.tools import devstack, kafkatools
 
 from .conftest import ROOT, TEST_DATA, TEST_ENV
 
-_FACTORIES: dict[str, CodecFactory] = {}
-
-
-def codecs(settings: Settings) -> CodecFactory:
-    if settings.registry_url not in _FACTORIES:
-        f = CodecFactory.from_url(settings.registry_url)
-        f.register([t.name for t in catalog.topics()])
-        _FACTORIES[settings.registry_url] = f
-    return _FACTORIES[settings.registry_url]
-
-
-def candidate(user: str, cid: str, ts: int, content: str, sensitivity: str | None = "none", **fields) -> dict:
-    """A CandidateMemory record (user-stated, semantic) with every field; `fields` override."""
-    return {"candidate_id": cid, "motebit_id": user, "content": content, "sensitivity": sensitivity,
-            "source": "user_stated", "memory_type": "semantic", "confidence": None, "valid_from": None,
-            "timestamp": ts, "embedding": None, "frontmatter_type": None, "extra": None, "supersedes": None,
-            "kind": None, "session_id": None, **fields}
+# `codecs` (every catalog schema registered) and `candidate` (a full CandidateMemory record) live
+# in bench/fleet.py, shared with the fault suite's fleet and the scripts' long runs
 
 
 def producer(settings: Settings) -> Producer:

@@ -119,7 +119,7 @@ def test_every_install_of_the_project_uses_the_lock():
     makefile = (ROOT / "Makefile").read_text()
     stamp = makefile.split("\n$(STAMP):", 1)[1].split("\n\n", 1)[0]
     assert "constraints.txt" in stamp.splitlines()[0], "the venv must be rebuilt when the lock changes"
-    assert "pip install --quiet -c constraints.txt -e '.[test]'" in stamp
+    assert "pip install --quiet -c constraints.txt -e '.[test,bench]'" in stamp
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "pip install --no-cache-dir -c /tmp/constraints.txt /tmp/wheels/memstream-*.whl" in dockerfile
     assert " -e " not in dockerfile

@@ -624,6 +624,12 @@ class Runtime:
         self.count("acks_not_counted:unapplied")
         return False
 
+    def never_applied(self, message: Any) -> bool:
+        """Whether a record the consumer still waits for will never be applied: the worker drains
+        (no batch starts any more), the record is of a stateful agent's source, and no applied
+        batch holds it. A stopping consumer need not wait for it (rebalance.py defect 10)."""
+        return self.draining and message.topic in self._guarded_topics and message not in self._applied
+
     @staticmethod
     async def hold_back(events: list[faust.types.EventT]) -> None:
         """A batch taken while the worker stops: never applied, never acknowledged (so never

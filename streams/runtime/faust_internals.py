@@ -53,6 +53,7 @@ PRIVATE_API: tuple[tuple[str, str], ...] = (
     ("faust.transport.consumer:Consumer", "_committed_offset"),
     ("faust.transport.consumer:Consumer", "_read_offset"),
     ("faust.transport.consumer:Consumer", "_buffered_partitions"),
+    ("faust.transport.consumer:Consumer", "_unacked_messages"),
     ("faust.transport.consumer:Consumer", "_is_changelog_tp"),
     ("faust.transport.consumer:ThreadDelegateConsumer", "_thread"),
     ("faust.transport.consumer:ThreadDelegateConsumer", "_method_queue"),
@@ -205,6 +206,15 @@ def forget_ack(message: Any) -> None:
     """Mark one message acknowledged without counting it: `Consumer.ack` returns at once for it
     from then on, and its offset is never committed (as `mark_acked_without_commit`)."""
     message.acked = True
+
+
+def unacked_messages(consumer: Any) -> list[Any]:
+    """The messages the consumer has handed to the streams and not seen acknowledged yet.
+
+    faust-streaming 0.15.3: `Consumer._unacked_messages`, a WeakSet filled by `track_message`;
+    `Consumer.wait_empty` (a stopping worker) loops until it is empty, dropping those whose
+    `acked` is set after each round (`_clean_unacked_messages`)."""
+    return list(consumer._unacked_messages)
 
 
 def forget_buffered(consumer: Any, tps: set[TP]) -> None:

@@ -24,6 +24,7 @@ import zlib
 import pytest
 from confluent_kafka import Producer as RdProducer
 
+from bench.fleet import read_range
 from streams.contracts import catalog
 from streams.contracts.wire import encode_key
 from streams.core.partitioning import partition_for
@@ -34,7 +35,6 @@ from tests.kafka_util import candidate, codecs, consume, free_port, produce, wor
 from tests.system.test_faults_kafka import (
     INPUTS,
     TOKEN,
-    _read_range,
     _stop_every_worker,  # noqa: F401 - no worker outlives a test
     answers,
     begin,
@@ -70,7 +70,7 @@ def request(port: int, method: str, path: str, body: dict | None = None) -> tupl
 def latest(settings, topic: str, start: dict | None = None) -> dict[bytes, bytes | None]:
     """The last value per key of `topic` (from `start`, default the beginning) up to its end now."""
     out: dict[bytes, bytes | None] = {}
-    for msg in _read_range(settings, topic, start or {}, kafkatools.end_offsets(settings, [topic])):
+    for msg in read_range(settings, topic, start or {}, kafkatools.end_offsets(settings, [topic])):
         out[msg.key()] = msg.value()
     return out
 
@@ -78,7 +78,7 @@ def latest(settings, topic: str, start: dict | None = None) -> dict[bytes, bytes
 def records_of(settings, topic: str, start: dict, user: str) -> list[dict | None]:
     codec = codecs(settings).codec(catalog.topic(topic).value_schema)
     return [None if m.value() is None else codec.decode(m.value())
-            for m in _read_range(settings, topic, start, kafkatools.end_offsets(settings, [topic]))
+            for m in read_range(settings, topic, start, kafkatools.end_offsets(settings, [topic]))
             if m.key() == encode_key(user)]
 
 

@@ -18,13 +18,14 @@ import json
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from bench.fleet import read_range
 from streams.contracts import catalog
 from streams.core.partitioning import partition_for
 from streams.runtime import checkpoint
 from streams.runtime.outputs import OutputProducer, OutputsFailed
 from streams.tools import kafkatools
 from tests.kafka_util import codecs, produce
-from tests.system.test_faults_kafka import INPUTS, _read_range, begin, fleet_for, stream_of
+from tests.system.test_faults_kafka import INPUTS, begin, fleet_for, stream_of
 
 pytestmark = pytest.mark.kafka
 
@@ -39,7 +40,7 @@ def _records(settings, start, end) -> dict[tuple[str, int, bytes | None], list[t
     records of users from several input partitions, whose interleaving no run repeats."""
     out: dict[tuple[str, int, bytes | None], list[tuple]] = {}
     for topic in OUTPUT_TOPICS:
-        for msg in _read_range(settings, topic, start, end):
+        for msg in read_range(settings, topic, start, end):
             value, headers = msg.value(), msg.headers() or []
             if topic == catalog.DLQ:  # when and where it failed: the only fields that may differ
                 value = {**codecs(settings).codec(catalog.topic(topic).value_schema).decode(value),
@@ -50,7 +51,7 @@ def _records(settings, start, end) -> dict[tuple[str, int, bytes | None], list[t
 
 def _final_rows(settings, topic: str) -> dict[tuple[bytes, int], object]:
     last: dict[tuple[bytes, int], object] = {}
-    for msg in _read_range(settings, topic, {}, kafkatools.end_offsets(settings, [topic])):
+    for msg in read_range(settings, topic, {}, kafkatools.end_offsets(settings, [topic])):
         row = None if msg.value() is None else json.loads(msg.value())
         if isinstance(row, dict):
             row.pop("pending", None)
@@ -114,7 +115,7 @@ def test_librdkafka_keys_land_where_partition_for_says(stack, unique):
         asyncio.run(send_all())
     finally:
         out.close()
-    records = list(_read_range(stack, topic, {}, kafkatools.end_offsets(stack, [topic])))
+    records = list(read_range(stack, topic, {}, kafkatools.end_offsets(stack, [topic])))
     assert len(records) == len(keys)
     for msg in records:
         assert msg.partition() == partition_for(msg.key(), 7), msg.key()

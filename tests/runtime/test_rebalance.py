@@ -210,3 +210,50 @@ def test_the_livelock_check_skips_a_partition_assigned_but_not_yet_sought(monkey
         monkeypatch.setattr(rebalance, "position_known", lambda thread, tp, known=known: known)
         Probe().verify_event_path(0.0, TP("t", 0))
     assert checked == [TP("t", 0)]  # checked only once the position is known
+
+# ------------------------------------------ defect 10: records queued behind a stopping worker's last batch
+def _message(topic: str, offset: int):
+    from faust.types.tuples import Message
+
+    return Message(topic, 0, offset, 0.0, 0, None, b"k", b"v", None, tp=TP(topic, 0))
+
+
+def _wait_empty(offline_runtime, draining: bool, topic: str, applied: bool = False) -> tuple[bool, bool]:
+    """A record handed to the streams and not acknowledged; (whether the consumer's `wait_empty`
+    returned within 3 s, whether the record was marked acknowledged). `wait_empty` does not
+    give in to a cancellation: a wait that goes on is ended by the consumer's stop flag."""
+    async def scenario() -> tuple[bool, bool]:
+        rt = offline_runtime("wait-empty")
+        consumer = rt.app.consumer
+        assert isinstance(consumer, RebalanceSafeConsumer)
+        message = _message(topic, 7)
+        consumer.track_message(message)
+        if applied:
+            rt._applied.add(message)
+        rt.draining = draining
+        consumer.commit = _nothing  # offline: no broker to commit to
+        waiting = asyncio.ensure_future(consumer.wait_empty())
+        await asyncio.wait([waiting], timeout=3)  # it checks once a second
+        returned = waiting.done()
+        consumer._stopped.set()  # as Service.stop does first: ends a wait that goes on
+        await asyncio.wait_for(waiting, 10)
+        return returned, message.acked
+
+    return asyncio.run(scenario())
+
+
+async def _nothing(*_args, **_kwargs) -> bool:
+    return False
+
+
+def test_a_draining_worker_does_not_wait_for_a_record_its_stateful_agent_will_never_apply(offline_runtime):
+    # the chaos script's outage: each of four workers waited here until its shutdown deadline
+    assert _wait_empty(offline_runtime, draining=True, topic="memory.candidates.v1") == (True, True)
+
+
+def test_records_are_waited_for_as_before_unless_the_runtime_drains_and_would_never_apply_them(offline_runtime):
+    assert _wait_empty(offline_runtime, draining=False, topic="memory.candidates.v1") == (False, False)
+    # another agent's record (not a stateful agent's source): its agent may still be at it
+    assert _wait_empty(offline_runtime, draining=True, topic="not-a-stateful-source") == (False, False)
+    # a record of a batch already applied: its acknowledgement (counted, committed) comes as usual
+    assert _wait_empty(offline_runtime, draining=True, topic="memory.candidates.v1", applied=True) == (False, False)

@@ -20,22 +20,18 @@ decide differently). Timers are slowed down (housekeeping reads the wall clock).
 
 from __future__ import annotations
 
-import json
-import os
-import random
-import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
+from bench.fleet import OUTPUTS, Fleet, Offsets, http_json, read_outputs, save_diff, stream_of  # noqa: F401 - read_outputs, stream_of: for the suites that import them from here
+from bench.fleet import answers as answers_with
+from bench.fleet import finish_and_compare as compare_with_reference
 from streams.contracts import catalog
-from streams.contracts.wire import decode_key, encode_key
+from streams.contracts.wire import encode_key
 from streams.settings import Settings
 from streams.tools import devstack, kafkatools
 from tests.conftest import ROOT, TEST_DATA, TEST_ENV
@@ -43,39 +39,13 @@ from tests.kafka_util import candidate, claim_data_dir, codecs, free_port, http_
 
 pytestmark = [pytest.mark.kafka, pytest.mark.faults]
 
-OUTPUTS = [catalog.MEMORY_NODES, catalog.MEMORY_LEDGER, catalog.MEMORY_RELAY, catalog.DLQ]
 TOKEN = "faults"
 ARTIFACTS = ROOT / "test-artifacts"
-Offsets = dict[tuple[str, int], int]
+SHUTDOWN_TIMEOUT_S = 30  #: a fleet worker's stop deadline (its own, documented exit 75), below `Fleet.stop`'s wait
 
 
 # ------------------------------------------------------------------------------ the input ----
-def stream_of(tag: str, users: int, n: int, seed: int = 7) -> list[tuple[str, dict]]:
-    """A deterministic candidate stream: new facts, exact repeats (merge, reinforcement,
-    promotion), one-word edits (merge or supersede) and sensitive ones (relay redaction)."""
-    rng = random.Random(seed)
-    names = [f"mb-fault-{tag}-{i}" for i in range(users)]
-    facts: dict[str, list[str]] = {u: [] for u in names}
-    words = ["tea", "coffee", "hiking", "chess", "Lisbon", "Oslo", "teal", "red", "jazz", "piano", "sushi", "tennis"]
-    out = []
-    base = 1_767_225_600_000
-    for i in range(n):
-        user = rng.choice(names)
-        known = facts[user]
-        roll = rng.random()
-        if known and roll < 0.3:
-            text = rng.choice(known)
-        elif known and roll < 0.5:
-            head, _, _last = rng.choice(known).rpartition(" ")
-            text = f"{head} {rng.choice(words)}."
-        else:
-            text = f"The user likes {rng.choice(words)} and {rng.choice(words)} number {i}."
-            known.append(text)
-        sensitivity = rng.choice(["none", "none", "personal", "medical"])
-        out.append((user, candidate(user, f"{tag}-c{i}", base + i * 1000, text, sensitivity)))
-    return out
-
-
+# `stream_of` (bench/fleet.py): candidates only, new facts, repeats, one-word edits, sensitive ones
 class Producer:
     """Produces the stream in chunks from a thread (records keep flowing during the faults)."""
 
@@ -108,166 +78,6 @@ class Producer:
             raise self.error
 
 
-# ---------------------------------------------------------------------------- the workers ----
-SHUTDOWN_TIMEOUT_S = 30  #: a fleet worker's stop deadline (its own, documented exit 75), below `Fleet.stop`'s wait
-@dataclass
-class Fleet:
-    """`memstream worker` processes of one app id; each name keeps its port and data dir."""
-
-    settings: Settings
-    app_id: str
-    env: dict[str, str] = field(default_factory=dict)
-    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
-    ports: dict[str, int] = field(default_factory=dict)
-    starts: dict[str, int] = field(default_factory=dict)
-
-    def log_path(self, name: str) -> Path:
-        return ROOT / ".memstream" / "test-logs" / f"{self.app_id}-{name}-{self.starts[name]}.log"
-
-    def start(self, name: str, wait: bool = True) -> None:
-        self.ports.setdefault(name, free_port())
-        self.starts[name] = self.starts.get(name, 0) + 1
-        env = {**TEST_ENV, "MEMSTREAM_APP_ID": self.app_id, "MEMSTREAM_WEB_PORT": str(self.ports[name]),
-               "MEMSTREAM_DATA_DIR": self.data_dir(name),
-               "MEMSTREAM_API_TOKENS": f"{TOKEN}:secret:admin+negotiator+ops", "MEMSTREAM_TIMER_INTERVAL_S": "3600",
-               "MEMSTREAM_SESSION_TIMEOUT_S": "6", "MEMSTREAM_SHUTDOWN_TIMEOUT_S": str(SHUTDOWN_TIMEOUT_S), **self.env}
-        path = self.log_path(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        claim_data_dir(env["MEMSTREAM_DATA_DIR"])
-        with open(path, "wb") as log:
-            self.procs[name] = subprocess.Popen([sys.executable, "-m", "streams", "worker"], cwd=ROOT,
-                                                env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
-        if wait:
-            self.wait_ready(name)
-
-    def data_dir(self, name: str) -> str:
-        """One per worker name (a restarted worker finds its RocksDB tables again)."""
-        return str(TEST_DATA / f"{self.app_id}-{name}")
-
-    def wait_ready(self, name: str, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        path = self.log_path(name)
-        while b"Worker]: Ready" not in path.read_bytes():
-            assert self.procs[name].poll() is None, f"worker {name} exited; log {path}:\n{path.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"worker {name} not ready after {timeout:.0f}s; log {path}"
-            time.sleep(0.2)
-
-    def kill(self, name: str) -> None:
-        """SIGKILL: no shutdown, no commit, no flush."""
-        proc = self.procs.pop(name)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        release_data_dir(self.data_dir(name))
-
-    def reap(self, name: str, timeout: float = 90) -> int:
-        """Wait for a worker that stops by itself; its exit status."""
-        proc = self.procs[name]
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"worker {name} did not stop within {timeout:.0f}s; log {self.log_path(name)}") from None
-        self.procs.pop(name)
-        release_data_dir(self.data_dir(name))
-        return proc.returncode
-
-    def stop(self, name: str) -> None:
-        """A clean stop (SIGTERM): the worker commits and leaves the group. A worker whose stop
-        hangs ends at its MEMSTREAM_SHUTDOWN_TIMEOUT_S (exit 75, nothing unapplied committed),
-        which this waits for and prints. Seen once in CI (2026-12-03): a worker stopped while the
-        group rebalanced after the other one left waited for a rebalance callback its stopped
-        consumer never ran (streams/runtime/rebalance.py defect 8, fixed since)."""
-        proc = self.procs.pop(name)
-        proc.terminate()
-        proc.wait(float(self.env.get("MEMSTREAM_SHUTDOWN_TIMEOUT_S", SHUTDOWN_TIMEOUT_S)) + 30)
-        if proc.returncode == 75:
-            print(f"worker {name} ended at its shutdown deadline (exit 75); log {self.log_path(name)}")
-        release_data_dir(self.data_dir(name))
-
-    def alive(self) -> None:
-        for name, proc in self.procs.items():
-            assert proc.poll() is None, f"worker {name} died; log {self.log_path(name)}"
-
-    def wait_caught_up(self, ends: Offsets, timeout: float = 900) -> None:
-        deadline = time.monotonic() + timeout
-        while (lag := kafkatools.group_lag(self.settings, self.app_id, ends)) > 0:
-            self.alive()
-            assert time.monotonic() < deadline, f"{self.app_id} still {lag} records behind after {timeout:.0f}s"
-            time.sleep(0.5)
-
-    def stop_all(self) -> None:
-        for name in list(self.procs):
-            self.stop(name)
-
-
-# ---------------------------------------------------------------------------- the outputs ----
-@dataclass
-class Outputs:
-    nodes: dict[str, dict | None]  # last value per key
-    events: dict[str, list[dict]]  # ledger + relay: (topic:event_id) -> every copy
-    dead_letters: list[dict]
-
-
-def read_outputs(settings: Settings, start: Offsets, end: Offsets) -> Outputs:
-    """Every output record between two snapshots of the output topics' end offsets."""
-    nodes: dict[str, dict | None] = {}
-    events: dict[str, list[dict]] = {}
-    dead: list[dict] = []
-    for topic in OUTPUTS:
-        codec = codecs(settings).codec(catalog.topic(topic).value_schema)
-        for msg in _read_range(settings, topic, start, end):
-            value = None if msg.value() is None else codec.decode(msg.value())
-            if topic == catalog.MEMORY_NODES:
-                nodes[decode_key(msg.key())] = value
-            elif topic == catalog.DLQ:
-                dead.append(value)
-            else:
-                events.setdefault(f"{topic}:{value['event_id']}", []).append(value)
-    return Outputs(nodes, events, dead)
-
-
-def _read_range(settings: Settings, topic: str, start: Offsets, end: Offsets):
-    parts = [p for (t, p) in end if t == topic and end[(t, p)] > start.get((t, p), 0)]
-    if not parts:
-        return
-    c = Consumer({"bootstrap.servers": settings.broker, "group.id": "fault-reader", "enable.auto.commit": False,
-                  "log_level": 0})
-    try:
-        c.assign([TopicPartition(topic, p, start.get((topic, p), 0)) for p in parts])
-        remaining = {p: end[(topic, p)] for p in parts}
-        deadline = time.monotonic() + 60
-        while remaining:
-            assert time.monotonic() < deadline, f"could not read {topic} up to {remaining}"
-            msg = c.poll(0.5)
-            if msg is None or msg.error():
-                continue
-            if msg.offset() < remaining.get(msg.partition(), -1):
-                yield msg
-            if msg.offset() + 1 >= remaining.get(msg.partition(), 0):
-                remaining.pop(msg.partition(), None)
-    finally:
-        c.close()
-
-
-def answers(port: int, users: list[str]) -> dict[str, tuple[int, dict]]:
-    """Every user's nodes as one worker answers (it forwards to the owner); a 503 (the worker
-    or the owner is rebalancing) is retried, as a client would."""
-    out = {}
-    for u in users:
-        deadline = time.monotonic() + 60
-        while (got := _get(port, f"/v1/memory/{u}/nodes?include=superseded"))[0] in (0, 503):
-            assert time.monotonic() < deadline, f"no answer for {u} from port {port} within 60s: {got}"
-            time.sleep(0.5)
-        out[u] = got
-    return out
-
-
-def _get(port: int, path: str) -> tuple[int, dict]:
-    try:
-        return http_get(port, path, TOKEN)
-    except ValueError:  # not JSON: forwarding to a worker that is gone
-        return 0, {}
-
-
 # ---------------------------------------------------------------------------- a scenario ----
 @dataclass
 class Scenario:
@@ -289,6 +99,11 @@ def begin(settings: Settings, tag: str, items: list[tuple[str, dict]]) -> Scenar
                     outputs_start=kafkatools.end_offsets(settings, OUTPUTS))
 
 
+def answers(port: int, users: list[str]) -> dict[str, tuple[int, dict]]:
+    """Every user's nodes as one worker answers to the suite's token (bench/fleet.py `answers`)."""
+    return answers_with(port, users, TOKEN)
+
+
 _FLEETS: list[Fleet] = []
 
 
@@ -306,74 +121,26 @@ def _stop_every_worker():
 def fleet_for(sc: Scenario, name: str, **env: str) -> Fleet:
     app_id = f"it-fault-{sc.tag}-{name}"
     kafkatools.position_group(sc.settings, app_id, sc.inputs_start)
-    fleet = Fleet(sc.settings, app_id, {"MEMSTREAM_STORE": "rocksdb://", "MEMSTREAM_STANDBY_REPLICAS": "1", **env})
+    fleet = Fleet(sc.settings, app_id, {
+        "MEMSTREAM_API_TOKENS": f"{TOKEN}:secret:admin+negotiator+ops", "MEMSTREAM_TIMER_INTERVAL_S": "3600",
+        "MEMSTREAM_SESSION_TIMEOUT_S": "6", "MEMSTREAM_SHUTDOWN_TIMEOUT_S": str(SHUTDOWN_TIMEOUT_S),
+        "MEMSTREAM_STORE": "rocksdb://", "MEMSTREAM_STANDBY_REPLICAS": "1", **env},
+        log_dir=ROOT / ".memstream" / "test-logs", data_root=TEST_DATA, base_env=TEST_ENV,
+        claim=claim_data_dir, release=release_data_dir, free_port=free_port)
     _FLEETS.append(fleet)
     return fleet
 
 
 def finish_and_compare(sc: Scenario, fleet: Fleet) -> dict:
     """Wait for the fleet to catch up, read its outputs and HTTP answers, run the reference and
-    compare. Returns figures for the report."""
+    compare (bench/fleet.py `finish_and_compare`). Returns figures for the report."""
     sc.inputs_end = kafkatools.end_offsets(sc.settings, INPUTS)
-    fleet.wait_caught_up(sc.inputs_end)
-    time.sleep(1)  # outputs are acknowledged before the commit; this only lets the HTTP caches settle
-    fleet_answers = {name: answers(fleet.ports[name], sc.users) for name in fleet.procs}
-    fleet.stop_all()
-    middle = kafkatools.end_offsets(sc.settings, OUTPUTS)
-    got = read_outputs(sc.settings, sc.outputs_start, middle)
-
     ref = fleet_for(sc, "reference", MEMSTREAM_STANDBY_REPLICAS="0")
-    ref.start("only")
-    ref.wait_caught_up(sc.inputs_end)
-    time.sleep(1)
-    ref_answers = answers(ref.ports["only"], sc.users)
-    ref.stop_all()
-    want = read_outputs(sc.settings, middle, kafkatools.end_offsets(sc.settings, OUTPUTS))
-
-    assert want.nodes and want.events, "the reference produced nothing: the scenario tests nothing"
-    assert not want.dead_letters and not got.dead_letters, (want.dead_letters[:2], got.dead_letters[:2])
-    if got.nodes != want.nodes:
-        _save_diff(sc.tag, got.nodes, want.nodes)
-    assert got.nodes == want.nodes, _diff(got.nodes, want.nodes)
-    assert got.events.keys() == want.events.keys(), (
-        f"missing {sorted(want.events.keys() - got.events.keys())[:5]}, extra {sorted(got.events.keys() - want.events.keys())[:5]}")
-    for eid, copies in got.events.items():
-        assert all(c == want.events[eid][0] for c in copies), f"{eid}: a repeated event differs from the reference"
-        assert len(want.events[eid]) == 1, f"the reference itself repeated {eid}"
-    for name, per_user in fleet_answers.items():
-        for u in sc.users:
-            assert per_user[u][0] == 200 and per_user[u] == ref_answers[u], (
-                f"worker {name} answers differently for {u}: {_diff_answers(per_user[u][1], ref_answers[u][1])}")
-    repeats = sum(len(c) - 1 for c in got.events.values())
-    return {"nodes": len(want.nodes), "events": len(want.events), "repeated_events": repeats}
-
-
-def _save_diff(tag: str, got: dict, want: dict) -> None:
-    """Every differing node key with both values, in test-artifacts/diff-<tag>.json: the
-    assertion shows three keys; finding the record that diverged needs them all (each node
-    names the record that formed it: `origin_event_id`)."""
-    keys = _differing(got, want)
-    ARTIFACTS.mkdir(exist_ok=True)
-    rows = [{"key": k, "got": got.get(k, "<absent>"), "want": want.get(k, "<absent>")} for k in keys]
-    (ARTIFACTS / f"diff-{tag}.json").write_text(json.dumps(rows, indent=1))
-
-
-def _differing(got: dict, want: dict) -> list[str]:
-    return sorted(k for k in got.keys() | want.keys() if got.get(k, "<absent>") != want.get(k, "<absent>"))
-
-
-def _diff(got: dict, want: dict) -> str:
-    keys = _differing(got, want)
-    return f"{len(keys)} node keys differ, e.g. {keys[:3]}: got {[got.get(k, '<absent>') for k in keys[:1]]} want {[want.get(k, '<absent>') for k in keys[:1]]}"
-
-
-def _diff_answers(got: dict, want: dict) -> str:
-    g = {n["node_id"]: n for n in got.get("nodes", [])}
-    w = {n["node_id"]: n for n in want.get("nodes", [])}
-    if g.keys() != w.keys():
-        return f"nodes only here {sorted(g.keys() - w.keys())}, only in the reference {sorted(w.keys() - g.keys())}"
-    return "; ".join(f"{nid}.{f}: {g[nid].get(f)!r} != {w[nid].get(f)!r}"
-                     for nid in g for f in g[nid].keys() | w[nid].keys() if g[nid].get(f) != w[nid].get(f))
+    result = compare_with_reference(fleet, ref, sc.users, sc.inputs_end, sc.outputs_start, TOKEN)
+    if result.got.nodes != result.want.nodes:
+        save_diff(ARTIFACTS / f"diff-{sc.tag}.json", result.got.nodes, result.want.nodes)
+    assert not result.problems, "\n".join(result.problems[:10])
+    return {k: result.figures[k] for k in ("nodes", "events", "repeated_events")}
 
 
 def report(name: str, figures: dict) -> None:
@@ -458,7 +225,7 @@ def test_failover_to_a_standby_replica(stack, unique):
     Producer(stack, [(probe_user, probe)], chunk=1, pause_s=0).start().join()
     deadline = time.monotonic() + 120
     while True:
-        status, body = _get(fleet.ports["b"], f"/v1/memory/{probe_user}/nodes")
+        status, body = http_json(fleet.ports["b"], f"/v1/memory/{probe_user}/nodes", TOKEN)
         if status == 200 and any(n["content"] == probe["content"] for n in body["nodes"]):
             break
         assert time.monotonic() < deadline, "the survivor never took over the dead worker's partitions"

@@ -23,6 +23,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from bench.fleet import Fleet, stream_of
 from streams.contracts import catalog
 from streams.contracts.wire import decode_key, encode_key
 from streams.core.partitioning import partition_for
@@ -31,8 +32,8 @@ from streams.runtime import generation
 from streams.settings import Settings
 from streams.tools import kafkatools
 from tests.conftest import ROOT, TEST_DATA, TEST_ENV, WORKER_SUFFIX, memstream
-from tests.kafka_util import candidate, codecs, producer
-from tests.system.test_faults_kafka import Fleet, answers, stream_of
+from tests.kafka_util import candidate, claim_data_dir, codecs, free_port, producer, release_data_dir
+from tests.system.test_faults_kafka import SHUTDOWN_TIMEOUT_S, TOKEN, answers
 from tests.tools.test_devstack import OWN
 
 pytestmark = pytest.mark.kafka
@@ -92,8 +93,13 @@ def produce(s: Settings, items: list[tuple[str, dict]], partition: int | None = 
 
 
 def fleet(s: Settings, app_id: str, partitions: int) -> Fleet:
-    return Fleet(s, app_id, {**ENV, "MEMSTREAM_PARTITIONS": str(partitions), "MEMSTREAM_STORE": "rocksdb://",
-                             "MEMSTREAM_STANDBY_REPLICAS": "1"})
+    """Workers of deployment `app_id` on this module's stack (the fault suite's settings)."""
+    return Fleet(s, app_id, {
+        "MEMSTREAM_API_TOKENS": f"{TOKEN}:secret:admin+negotiator+ops", "MEMSTREAM_TIMER_INTERVAL_S": "3600",
+        "MEMSTREAM_SESSION_TIMEOUT_S": "6", "MEMSTREAM_SHUTDOWN_TIMEOUT_S": str(SHUTDOWN_TIMEOUT_S),
+        "MEMSTREAM_STORE": "rocksdb://", "MEMSTREAM_STANDBY_REPLICAS": "1", "MEMSTREAM_PARTITIONS": str(partitions)},
+        log_dir=ROOT / ".memstream" / "test-logs", data_root=TEST_DATA, base_env={**TEST_ENV, **ENV},
+        claim=claim_data_dir, release=release_data_dir, free_port=free_port)
 
 
 def caught_up(s: Settings, group: str, f: Fleet, timeout: float = 600) -> None:
