@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -29,7 +28,7 @@ from streams.settings import Settings
 from streams.tools import devstack
 from tests.conftest import PORT_OFFSET, ROOT, TEST_DATA, WORKER_SUFFIX, memstream
 from tests.kafka_util import candidate, http_get, producer, read_to_end, wait_caught_up, worker
-from tests.tools.test_devstack import OWN
+from tests.tools.test_devstack import OWN, own_stack
 
 pytestmark = pytest.mark.kafka
 
@@ -42,21 +41,8 @@ APP = "memstream-registry-test"
 @pytest.fixture(scope="module")
 def own():
     """A stack of this module's own (the devstack test's ports and lock), wiped before and after."""
-    import fcntl
-
-    lock_path = ROOT / ".memstream" / f"devstack-test{WORKER_SUFFIX}.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        memstream("dev", "down", "--wipe", env=ENV, check=False)
-        for d in TEST_DATA.glob("registry-test-*"):  # local tables refer to the wiped broker
-            shutil.rmtree(d)
-        memstream("dev", "up", env=ENV)
-        memstream("topics", "apply", env=ENV)
-        try:
-            yield Settings.from_env(ENV)
-        finally:
-            memstream("dev", "down", "--wipe", env=ENV, check=False)
+    with own_stack(ENV, "registry-test-") as settings:
+        yield settings
 
 
 def subject_ids(s: Settings) -> dict[str, int]:

@@ -6,7 +6,9 @@ nothing is left behind, without disturbing the session's stack.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import shutil
 import socket
 from pathlib import Path
 
@@ -38,13 +40,41 @@ def _pids() -> list[int]:
     return [int(p.read_text()) for p in stack.glob("*.pid")]
 
 
-@pytest.fixture
-def own_stack_lock():
-    """Serializes this test across concurrent test sessions (it owns its stack's ports)."""
+@contextlib.contextmanager
+def own_ports():
+    """Holds the lock of the OWN ports (one stack at a time on them, across test sessions)."""
     path = ROOT / ".memstream" / f"devstack-test{WORKER_SUFFIX}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
+def own_stack(env: dict[str, str], data_prefix: str, apply_topics: bool = True):
+    """A throw-away stack on the OWN ports (`env` on top of OWN), wiped before and after, with
+    the local tables of its workers (TEST_DATA/<data_prefix>*) removed first: they refer to the
+    broker it wipes. Yields its Settings."""
+    from streams.settings import Settings
+    from tests.conftest import TEST_DATA
+
+    with own_ports():
+        memstream("dev", "down", "--wipe", env=env, check=False)
+        for d in TEST_DATA.glob(f"{data_prefix}*"):
+            shutil.rmtree(d)
+        memstream("dev", "up", env=env)
+        if apply_topics:
+            memstream("topics", "apply", env=env)
+        try:
+            yield Settings.from_env(env)
+        finally:
+            memstream("dev", "down", "--wipe", env=env, check=False)
+
+
+@pytest.fixture
+def own_stack_lock():
+    """Serializes this test across concurrent test sessions (it owns its stack's ports)."""
+    with own_ports():
         yield
 
 

@@ -13,7 +13,6 @@ catalog topics are deleted and created again.
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from streams.tools import kafkatools
 from tests.conftest import ROOT, TEST_DATA, TEST_ENV, WORKER_SUFFIX, memstream
 from tests.kafka_util import candidate, claim_data_dir, codecs, free_port, producer, release_data_dir
 from tests.system.test_faults_kafka import SHUTDOWN_TIMEOUT_S, TOKEN, answers
-from tests.tools.test_devstack import OWN
+from tests.tools.test_devstack import OWN, own_stack
 
 pytestmark = pytest.mark.kafka
 
@@ -47,21 +46,9 @@ READY_S = 360  #: four workers starting at once on two busy cores (load 20+) too
 
 @pytest.fixture(scope="module")
 def own():
-    """A stack of this module's own, wiped before and after."""
-    import fcntl
-
-    lock_path = ROOT / ".memstream" / f"devstack-test{WORKER_SUFFIX}.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        memstream("dev", "down", "--wipe", env=ENV, check=False)
-        for d in TEST_DATA.glob("rp-*"):
-            shutil.rmtree(d)
-        memstream("dev", "up", env=ENV)
-        try:
-            yield Settings.from_env(ENV)
-        finally:
-            memstream("dev", "down", "--wipe", env=ENV, check=False)
+    """A stack of this module's own, wiped before and after (its topics: `fresh_topics`)."""
+    with own_stack(ENV, "rp-", apply_topics=False) as settings:
+        yield settings
 
 
 def fresh_topics(s: Settings, partitions: int) -> Settings:
