@@ -301,9 +301,12 @@ def test_repartition_carries_the_state_killed_midway_or_not(own):
 
 
 def test_repartition_refuses_lag_and_a_wrong_count(own):
-    """Lag: a group that has not read what is there. A topic raised by hand: the counts differ."""
+    """A count over MEMSTREAM_MAX_PARTITIONS. Lag: a group that has not read what is there. A topic
+    raised by hand: the counts differ."""
     s = fresh_topics(own, BEFORE)
     produce(s, [("u-lag", candidate("u-lag", "lag-1", 1_767_225_600_000, "Some fact."))])
+    huge = repartition("rp-lag", "--to", "5000")  # a typo's count: refused before anything is read or raised
+    assert huge is not None and huge.returncode == 2 and "MEMSTREAM_MAX_PARTITIONS (1024)" in huge.stderr, huge.stderr
     lag = repartition("rp-lag", "--to", str(AFTER))
     assert lag is not None and lag.returncode == 2 and "not yet processed by consumer group" in lag.stderr, lag.stderr
     from confluent_kafka.admin import NewPartitions
