@@ -70,6 +70,9 @@ class Settings:
     restore_ahead_batch_bytes: int = field(default=16 * 1024 * 1024, metadata={"doc": "Most bytes of one partition's rows the restore ahead holds before it writes them (with their offset) to the partition's store."})
     row_cache_bytes: int = field(default=32 * 1024 * 1024, metadata={"doc": "Bound (encoded JSON bytes) of the decoded rows a worker keeps of the tables written only by updates (the analytics table): the row a batch writes is handed to the key's next update instead of being read and decoded again (streams/runtime/row_cache.py); least recently written first out, emptied at every rebalance. 0 keeps none."})
     state_wal: bool = field(default=False, metadata={"doc": "Whether the tables' RocksDB stores keep RocksDB's write-ahead log. Off by default: a store then holds, after any stop, a prefix of its writes in order (Faust's persisted changelog offset included), which the changelog completes at the next start, and an unclean stop discards the local tables anyway (docs/state-and-failures.md, \"The tables' write-ahead log\"); off saved ~7% of the CPU per record (bench/RESULTS.md). `true` keeps the log (a clean restart then never re-reads rows from the changelog)."})
+    rocksdb_write_buffer_bytes: int = field(default=16 * 1024 * 1024, metadata={"doc": "Size of one RocksDB memtable of one table partition store. A worker holds a store per table partition it owns or keeps as a standby, each with up to MEMSTREAM_ROCKSDB_WRITE_BUFFERS memtables, so its memory for unflushed rows is bounded by stores × this × that (Faust's default, 64 MiB × 3, let two workers on 6 partitions grow ~700 MiB each before a first flush: bench/RESULTS.md, soak)."})
+    rocksdb_write_buffers: int = field(default=2, metadata={"doc": "Most RocksDB memtables (one being written, the rest being flushed) of one table partition store; at least 2."})
+    rocksdb_block_cache_bytes: int = field(default=32 * 1024 * 1024, metadata={"doc": "RocksDB block cache of one table partition store (reads of rows not in the worker's own caches). Faust's default is 2 GiB per store; 0 caches no block."})
     max_known_schema_ids: int = field(default=10000, metadata={"doc": "Most schema ids a worker remembers (with the schema each named) in `<data dir>/schema-ids.json`, to notice a registry that hands them out again."})
     fetch_min_bytes: int = field(default=65536, metadata={"doc": "While records flow, a worker's fetch requests ask the broker to hold them until this many bytes of records are there (or MEMSTREAM_FETCH_MAX_WAIT_MS passed); after MEMSTREAM_FETCH_QUIET_MS without records they ask for Faust's 1 byte / 1500 ms, so the first record after a quiet spell is answered at once and an idle worker does not poll (streams/runtime/fetch_pace.py). Paced at 900 records/s, 65536 with a 25 ms wait cut a worker's CPU by 40% against 1 byte (bench/RESULTS.md). 1 asks for single records throughout."})
     fetch_max_wait_ms: int = field(default=25, metadata={"doc": "While records flow, the longest the broker holds a worker's fetch request for MEMSTREAM_FETCH_MIN_BYTES: at most this much latency added at low rates (1500 when quiet: MEMSTREAM_FETCH_QUIET_MS)."})
@@ -175,7 +178,11 @@ class Settings:
                                 "must be more than 0")
         if not self.registry_timeout_s > 0:
             raise SettingsError(f"MEMSTREAM_REGISTRY_TIMEOUT_S={self.registry_timeout_s} must be more than 0")
-        for name in ("prefill_nodes", "row_cache_bytes"):  # 0: none
+        if self.rocksdb_write_buffer_bytes < 64 * 1024:  # RocksDB's own floor
+            raise SettingsError(f"MEMSTREAM_ROCKSDB_WRITE_BUFFER_BYTES={self.rocksdb_write_buffer_bytes} must be at least 65536")
+        if self.rocksdb_write_buffers < 2:  # one written while one is flushed (RocksDB raises less to 2)
+            raise SettingsError(f"MEMSTREAM_ROCKSDB_WRITE_BUFFERS={self.rocksdb_write_buffers} must be at least 2")
+        for name in ("prefill_nodes", "row_cache_bytes", "rocksdb_block_cache_bytes"):  # 0: none
             if getattr(self, name) < 0:
                 raise SettingsError(f"MEMSTREAM_{name.upper()}={getattr(self, name)} must be 0 (none) or more")
 

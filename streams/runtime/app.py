@@ -180,6 +180,13 @@ class Runtime:
             return self.inputs[names[0]]
         return self.app.topic(*names, key_serializer="raw", value_serializer="raw")
 
+    def rocksdb_options(self) -> dict[str, int]:
+        """The memory bounds of every table partition store (faust `RocksDBOptions` keywords; the
+        restore ahead opens its stores with the same, `store.rocksdb_options`)."""
+        return {"write_buffer_size": self.settings.rocksdb_write_buffer_bytes,
+                "max_write_buffer_number": self.settings.rocksdb_write_buffers,
+                "block_cache_size": self.settings.rocksdb_block_cache_bytes}
+
     def table(self, name: str) -> faust.types.TableT:
         """A table keyed by the UTF-8 message key (same bytes as the source key, so its changelog
         partition, HTTP routing (`ApiView.answer_at_owner`) and the source partition agree), values stored
@@ -187,6 +194,7 @@ class Runtime:
         table = self.app.Table(
             name, default=None, partitions=self.settings.partitions,
             schema=faust.Schema(key_serializer=codecs.KEY_CODEC, value_serializer="json"),
+            options=self.rocksdb_options(),
         )
         # Faust builds the changelog topic in the constructor with serializers derived from
         # key_type (json when unset), ignoring the schema: the router would then
