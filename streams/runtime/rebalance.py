@@ -73,8 +73,20 @@ class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         return records
 
 
+def seek_positions(partitions: Mapping[Any, int | None]) -> dict[Any, int]:
+    """The recovery's seek targets with an offset not built yet (None: a rebalance refilled the
+    recovery's partitions during its pass, defect 11) as the partition's beginning (0), which is
+    where Faust seeks a partition that has no persisted offset (-1 -> 0). Logged at WARNING."""
+    unbuilt = sorted(str(tp) for tp, offset in partitions.items() if offset is None)
+    if unbuilt:
+        log.warning("recovery sought %d changelog partition(s) whose offsets a rebalance left unbuilt (%s); "
+                    "from their beginning, until the recovery it started seeks them again", len(unbuilt),
+                    ", ".join(unbuilt[:4]) + (" …" if len(unbuilt) > 4 else ""))
+    return {tp: 0 if offset is None else offset for tp, offset in partitions.items()}
+
+
 class RebalanceSafeConsumer(faust_aiokafka.Consumer):
-    """Faust's Kafka consumer with ten defects of faust-streaming 0.15.3 closed (nine of rebalances, one of the stop).
+    """Faust's Kafka consumer with eleven defects of faust-streaming 0.15.3 closed (ten of rebalances, one of the stop).
 
     A worker joining the group could leave input partitions unprocessed and uncommitted for
     good (or skip records of them), logging nothing:
@@ -171,6 +183,16 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
         `wait_empty` first marks those records acknowledged without counting them
         (`Runtime.never_applied`): never committed, read again by the partition's next owner,
         as a held-back batch is; the records of other agents are waited for as before.
+    11. A rebalance that comes while the recovery reads the active changelogs crashed the
+        recovery service and stopped the worker (exit 1): Faust's recovery loop, once the actives
+        are read, seeks the standby changelog partitions with `standby_tps` / `standby_offsets`,
+        which the new rebalance has meanwhile refilled; a standby partition new to this worker
+        whose store holds no offset is there with the offset None (`Recovery._add`), not yet
+        built, and aiokafka's `seek` refuses it ("Offset must be a positive integer").
+        (scripts/chaos_fleet.py: a kill, then a second kill 60 s later while the first's
+        takeover was still recovering.) Here such a partition is sought to its beginning, as
+        Faust seeks a partition whose built offset is -1 (`seek_positions`); the recovery the
+        new rebalance started then seeks every partition again to its built offset.
     """
 
     _deferred: set
@@ -290,6 +312,7 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
 
     async def seek_wait(self, partitions) -> None:
         # the recovery's seeks of changelog partitions (actives to their persisted offsets, standbys)
+        partitions = seek_positions(partitions)  # defect 11
         self._moves += 1
         await super().seek_wait(partitions)
         self._moves += 1

@@ -257,3 +257,42 @@ def test_records_are_waited_for_as_before_unless_the_runtime_drains_and_would_ne
     assert _wait_empty(offline_runtime, draining=True, topic="not-a-stateful-source") == (False, False)
     # a record of a batch already applied: its acknowledgement (counted, committed) comes as usual
     assert _wait_empty(offline_runtime, draining=True, topic="memory.candidates.v1", applied=True) == (False, False)
+
+
+# ------------------------------------------ defect 11: a rebalance during the recovery's pass
+def test_aiokafka_refuses_to_seek_to_an_offset_faust_left_unbuilt():
+    """The shape of defect 11: Faust's recovery seeks a standby changelog partition that a
+    rebalance added during its pass with the offset None (`Recovery._add`); aiokafka refuses
+    it before touching anything, and the refusal crashed the recovery service."""
+    import pytest
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition
+
+    with pytest.raises(ValueError, match="Offset must be a positive integer"):
+        AIOKafkaConsumer.seek(object(), TopicPartition("t-changelog", 0), None)  # type: ignore[arg-type]
+
+
+def test_the_recovery_seeks_an_unbuilt_offset_from_the_partition_beginning(monkeypatch, caplog):
+    """Defect 11: the consumer hands aiokafka 0 for an offset that is None (where Faust seeks a
+    partition without a persisted offset) and every built offset unchanged, logs the partitions
+    at WARNING, and records the positions it sought (defects 4 and 7 check fetches against them)."""
+    sought: list[dict] = []
+
+    async def faust_seek_wait(self, partitions) -> None:
+        sought.append(dict(partitions))
+
+    class Probe(RebalanceSafeConsumer):
+        def __init__(self) -> None:  # no app: only the seek's bookkeeping is exercised
+            self._moves, self._expected, self._lenient, self._sought = 0, {}, set(), set()
+
+    monkeypatch.setattr(rebalance.faust_aiokafka.Consumer, "seek_wait", faust_seek_wait)
+    monkeypatch.setattr(rebalance, "is_changelog_tp", lambda consumer, tp: True)
+    probe = Probe()
+    new, built, empty = TP("a-changelog", 3), TP("a-changelog", 4), TP("b-changelog", 0)
+    with caplog.at_level("WARNING", logger=rebalance.__name__):
+        asyncio.run(probe.seek_wait({new: None, built: 17, empty: 0}))
+    assert sought == [{new: 0, built: 17, empty: 0}]
+    assert probe._expected == {new: 0, built: 17, empty: 0} and probe._moves == 2
+    assert [r.levelname for r in caplog.records] == ["WARNING"] and "a-changelog" in caplog.text
+    caplog.clear()
+    assert rebalance.seek_positions({built: 17}) == {built: 17} and not caplog.records  # nothing unbuilt: silent
