@@ -26,8 +26,8 @@ What each figure means:
 * **Quix Streams peer** (`--no-quix` skips it): Quix Streams 3.28.1 running memstream's own
   `process_candidate` / `process_event` on exactly those records (bench/quix_peer.py: decoded with
   memstream's codec, one `UserMemory` per user in a dict, ledger events sent as JSON to a scratch
-  topic), in its own virtualenv bench/.venv-quix made on first use (a benchmark dependency, not a
-  runtime one); records / time from its first record until it has stopped (producer flushed,
+  topic), in its own virtualenv made on first use under MEMSTREAM_CACHE_DIR (`venv-quix-<digest>`, one
+  per set of its requirements; a benchmark dependency, not a runtime one); records / time from its first record until it has stopped (producer flushed,
   offsets committed), and its process CPU per record. Every pipeline figure is reported as a ratio
   to the raw copy and to this peer, measured in the same run, with the load average beside them.
 * **the framework peers** (issue 14's table; `--peers` picks them, default all): the same
@@ -100,7 +100,9 @@ the end; worker logs (and the profile) stay in bench/out/<run id>/.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import gc
+import hashlib
 import os
 import platform
 import random
@@ -307,7 +309,6 @@ class PerRecord:
 
 
 # ------------------------------------------------------------------------------ Quix Streams peer
-QUIX_VENV = BENCH / ".venv-quix"
 # The memstream code the peer runs (streams.core, streams.contracts.wire) gets the versions of memstream's
 # lock; the whole lock cannot constrain this virtualenv (Quix Streams 3.28.1 needs confluent-kafka<2.13).
 _LOCK_FILE = Path(__file__).resolve().parent.parent / "constraints.txt"
@@ -315,6 +316,10 @@ _LOCK = dict(line.split("==", 1) for line in _LOCK_FILE.read_text().splitlines()
 QUIX_REQUIREMENTS = ["quixstreams==3.28.1", f"numpy=={_LOCK['numpy']}", f"fastavro=={_LOCK['fastavro']}",
                      # the core's compiled loops, as in memstream's virtualenv (streams/core/_kernels.py)
                      f"numba=={_LOCK['numba']}", f"llvmlite=={_LOCK['llvmlite']}"]
+#: the peer's virtualenv, outside the checkout beside `dev up`'s downloads (MEMSTREAM_CACHE_DIR), one per
+#: set of requirements and Python: a fresh clone reuses it instead of installing Quix Streams again
+QUIX_VENV = Path(Settings().cache_dir) / ("venv-quix-" + hashlib.sha256(
+    "\n".join([sys.version, *QUIX_REQUIREMENTS]).encode()).hexdigest()[:12])
 
 
 @dataclass(frozen=True)
@@ -343,14 +348,21 @@ def quix_python() -> Path:
     """The peer's own virtualenv (a benchmark dependency, not a runtime one: Quix Streams' pins
     need not agree with memstream's); made on first use."""
     python = QUIX_VENV / "bin" / "python"
-    ok = python.exists() and subprocess.run([str(python), "-c", "import quixstreams, numpy, fastavro, numba"],
-                                            capture_output=True).returncode == 0
-    if not ok:
-        say(f"   making {QUIX_VENV} ({', '.join(QUIX_REQUIREMENTS)}) …")
-        subprocess.run([sys.executable, "-m", "venv", str(QUIX_VENV)], check=True)
-        r = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *QUIX_REQUIREMENTS])
-        if r.returncode != 0:
-            raise BenchError(f"could not install {QUIX_REQUIREMENTS} into {QUIX_VENV}")
+    QUIX_VENV.parent.mkdir(parents=True, exist_ok=True)
+    # one maker at a time (the test suite's processes and a bench may ask at once); a venv whose
+    # making was interrupted has no `.complete` and is made again
+    with open(QUIX_VENV.parent / f"{QUIX_VENV.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ok = (QUIX_VENV / ".complete").exists() and subprocess.run(
+            [str(python), "-c", "import quixstreams, numpy, fastavro, numba"], capture_output=True).returncode == 0
+        if not ok:
+            say(f"   making {QUIX_VENV} ({', '.join(QUIX_REQUIREMENTS)}) …")
+            shutil.rmtree(QUIX_VENV, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(QUIX_VENV)], check=True)
+            r = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *QUIX_REQUIREMENTS])
+            if r.returncode != 0:
+                raise BenchError(f"could not install {QUIX_REQUIREMENTS} into {QUIX_VENV}")
+            (QUIX_VENV / ".complete").touch()
     return python
 
 

@@ -2,11 +2,11 @@
 `process_candidate` / `process_event` (``--work core``), or a per-user counter in its RocksDB
 state (``--work counter``), on the bench's input records.
 
-It runs in its own virtualenv (bench/.venv-quix, made by bench_e2e on first use: Quix Streams is a
+It runs in its own virtualenv (`bench_e2e.QUIX_VENV`, under MEMSTREAM_CACHE_DIR, made by bench_e2e on first use: Quix Streams is a
 benchmark dependency, not a runtime one, and its pins need not agree with ours) with the repo on
 sys.path for `streams.core`, `streams.contracts.wire` and `bench.core_step`:
 
-    bench/.venv-quix/bin/python bench/quix_peer.py --broker 127.0.0.1:9092 --registry URL \\
+    $QUIX_VENV/bin/python bench/quix_peer.py --broker 127.0.0.1:9092 --registry URL \\
         --group G --output TOPIC --count N --topics memory.candidates.v1,memory.events.v1,... \\
         --state-dir DIR [--work core]
 

@@ -29,7 +29,7 @@ the worker builds it) is kept in a dict while ``gen`` says this process wrote th
 Quix checkpoint makes the rows and the outputs durable together (its producer flushed, its
 changelog written, then the offsets committed), so no redo log is needed.
 
-    bench/.venv-quix/bin/python bench/quix_samejob.py --broker 127.0.0.1:9092 --registry URL \\
+    $QUIX_VENV/bin/python bench/quix_samejob.py --broker 127.0.0.1:9092 --registry URL \\
         --group G --output-prefix P --count N --state-dir DIR
 
 After N records it stops (Quix flushes its producer and commits) and prints one JSON line

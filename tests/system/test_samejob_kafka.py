@@ -3,9 +3,9 @@ worker: on a small input of the bench's stream, a real `memstream worker` and th
 same records, topic by topic, as multisets of (key, decoded value) (bench/samejob_compare.py) —
 the comparison the e2e bench prints before it prints a ratio to that peer (issue 33).
 
-The peer runs in the bench's own virtualenv (bench/.venv-quix: Quix Streams pins confluent-kafka
-below memstream's lock, so it cannot join the project's extras), made with pip on first use as
-the bench makes it; later runs reuse it.
+The peer runs in the bench's own virtualenv (`bench_e2e.QUIX_VENV`, under MEMSTREAM_CACHE_DIR:
+Quix Streams pins confluent-kafka below memstream's lock, so it cannot join the project's
+extras), made with pip on first use as the bench makes it; later runs, and later clones, reuse it.
 """
 
 from __future__ import annotations
