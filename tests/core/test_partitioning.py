@@ -9,7 +9,7 @@ from aiokafka.partitioner import murmur2 as aiokafka_murmur2
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.core.partitioning import WRONG_PARTITION, misrouted, murmur2, partition_for
+from streams.core.partitioning import PARTITION_MEMO_KEYS, WRONG_PARTITION, misrouted, murmur2, partition_for
 
 
 def test_murmur2_matches_the_java_clients_test_vectors():
@@ -56,3 +56,17 @@ def test_librdkafkas_default_partitioner_is_caught():
 def test_a_record_without_a_key_is_left_to_the_id_rules():
     assert misrouted("memory.events.v1", None, 3, 6) is None
     assert misrouted("memory.events.v1", b"", 3, 6) is None
+
+
+@given(st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=50), st.integers(1, 1024))
+def test_the_remembered_partition_is_the_one_murmur2_gives(keys, partitions):
+    for key in keys + keys:  # asked twice: the second answer comes from the memo
+        assert partition_for(key, partitions) == (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def test_the_partition_memo_is_bounded():
+    partition_for.cache_clear()
+    for i in range(PARTITION_MEMO_KEYS + 1000):
+        partition_for(f"user-{i}".encode(), 12)
+    info = partition_for.cache_info()
+    assert info.maxsize == PARTITION_MEMO_KEYS and info.currsize == PARTITION_MEMO_KEYS
