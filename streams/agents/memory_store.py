@@ -121,6 +121,7 @@ class MemoryStore:
             self._reset()
         else:
             self._forget(self.users.unpin_all())
+            self._gauges()  # the users the last batch grew, re-weighed: the gauge is the bound's figure
 
     def invalidate(self) -> None:
         """The failed attempt's effects are in the users it touched (pinned): drop those, they
