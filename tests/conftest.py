@@ -52,6 +52,10 @@ TEST_ENV = {
     # the production store: tables are serialized (every read is a new object) and recover from
     # local RocksDB + changelog. memory:// hands out shared objects, which hid issue 17's race.
     "MEMSTREAM_STORE": "rocksdb://",
+    # the suite starts workers by the hundred and few of them meet a user large enough for the
+    # core's compiled loops: each start skips their warm-up (~1 s of CPU); a batch that needs them
+    # loads them then. The warm-up itself: tests/core/test_warmup.py.
+    "MEMSTREAM_WARM_UP": "false",
 }
 #: Every worker's data dir (RocksDB tables) lives under here, one per worker (tests/kafka_util.py
 #: `worker`, tests/system/test_faults_kafka.py `Fleet`); wiped with the broker at the start of a session:

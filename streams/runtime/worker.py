@@ -69,9 +69,10 @@ def run(settings: Settings, create_runtime: Callable[[Settings], Runtime]) -> in
         with restoring_http.serving(settings.web_host, settings.web_port) as status:
             restore.run(settings, rt.tables.values(), progress=status.update)
     # the core's compiled loops now, not in the first batch that needs them (streams/core/warmup.py)
-    from streams.core.warmup import warm_up
+    if settings.warm_up:
+        from streams.core.warmup import warm_up
 
-    log.info("consolidation core warmed up in %.1fs", warm_up(settings.index_config()))
+        log.info("consolidation core warmed up in %.1fs", warm_up(settings.index_config()))
     if rt.output_producer is not None:  # connected, with the topics' leaders, before the first batch
         rt.output_producer.connect(timeout=15.0)
     # only now: what the restore ahead wrote is always a correct prefix of the changelogs (a kill
