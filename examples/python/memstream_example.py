@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     user: str = args.user
 
-    registry = SchemaRegistryClient({"url": args.registry})
+    # a timeout for every registry request: the client's default is none at all, so a registry that
+    # hangs (its port open, no answer) would hang this program on the first schema it has not cached
+    registry = SchemaRegistryClient({"url": args.registry, "timeout": 10})
     # memstream registered every topic's schema at start: write with the registered (latest)
     # version of the subject `<topic>-value`, never register from here
     serializer_conf = {"auto.register.schemas": False, "use.latest.version": True}
