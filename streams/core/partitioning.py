@@ -25,6 +25,10 @@ WRONG_PARTITION = "wrong_partition"
 #: same users' keys again and again, and murmur2 written out in Python costs 6-15 µs a key, a few
 #: per record (the door's check, the analytics subjects, routing); ~100 bytes a key, ~7 MiB in all
 PARTITION_MEMO_KEYS = 65_536
+#: only keys up to this many bytes are remembered (ids are at most MEMSTREAM_MAX_ID_CHARS, 128 by
+#: default): the check at the door runs before any validation, so a producer's huge keys (up to the
+#: broker's record size each) would otherwise be held by the memo, 65,536 of them
+PARTITION_MEMO_KEY_BYTES = 512
 
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
@@ -57,11 +61,20 @@ def murmur2(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
-@lru_cache(maxsize=PARTITION_MEMO_KEYS)
 def partition_for(key: bytes, partitions: int) -> int:
     """The partition of `key` (its UTF-8 bytes) among `partitions`: murmur2, positive, modulo
-    (remembered for the last `PARTITION_MEMO_KEYS` keys: the same answer, computed once)."""
+    (remembered for the last `PARTITION_MEMO_KEYS` keys of at most `PARTITION_MEMO_KEY_BYTES`:
+    the same answer, computed once)."""
+    if len(key) > PARTITION_MEMO_KEY_BYTES:
+        return _partition(key, partitions)
+    return remembered_partition(key, partitions)
+
+
+def _partition(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+remembered_partition = lru_cache(maxsize=PARTITION_MEMO_KEYS)(_partition)
 
 
 def misrouted(topic: str, key: bytes | None, partition: int, partitions: int) -> Rejection | None:

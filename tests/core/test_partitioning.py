@@ -9,7 +9,15 @@ from aiokafka.partitioner import murmur2 as aiokafka_murmur2
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.core.partitioning import PARTITION_MEMO_KEYS, WRONG_PARTITION, misrouted, murmur2, partition_for
+from streams.core.partitioning import (
+    PARTITION_MEMO_KEY_BYTES,
+    PARTITION_MEMO_KEYS,
+    WRONG_PARTITION,
+    misrouted,
+    murmur2,
+    partition_for,
+    remembered_partition,
+)
 
 
 def test_murmur2_matches_the_java_clients_test_vectors():
@@ -65,8 +73,19 @@ def test_the_remembered_partition_is_the_one_murmur2_gives(keys, partitions):
 
 
 def test_the_partition_memo_is_bounded():
-    partition_for.cache_clear()
+    remembered_partition.cache_clear()
     for i in range(PARTITION_MEMO_KEYS + 1000):
         partition_for(f"user-{i}".encode(), 12)
-    info = partition_for.cache_info()
+    info = remembered_partition.cache_info()
     assert info.maxsize == PARTITION_MEMO_KEYS and info.currsize == PARTITION_MEMO_KEYS
+
+
+def test_a_key_over_the_memo_bound_is_answered_and_not_held():
+    """A producer's huge keys reach the door's check before any validation: answered, never kept."""
+    remembered_partition.cache_clear()
+    for size in (PARTITION_MEMO_KEY_BYTES + 1, 1_000_000):
+        key = b"k" * size
+        assert partition_for(key, 12) == (murmur2(key) & 0x7FFFFFFF) % 12
+    edge = b"e" * PARTITION_MEMO_KEY_BYTES
+    assert partition_for(edge, 12) == (murmur2(edge) & 0x7FFFFFFF) % 12
+    assert remembered_partition.cache_info().currsize == 1  # only the key at the bound
