@@ -4,7 +4,8 @@
 Durable state: ONE table, `memory-state`, so that all of a user's rows share one changelog
 partition and keep their write order: key `motebit_id` → the user's aux row (clock, the open
 tail of the de-duplication window, and `pending`: the other rows of the last write batch, a redo
-log), key `motebit_id/node_id` → a node row, key `motebit_id/~seen/k` → sealed chunk k of the
+log), key `motebit_id/node_id` → a live node row, key `motebit_id/~h/node_id` → a closed
+(superseded) node row, read on demand (`StoredHistory`), key `motebit_id/~seen/k` → sealed chunk k of the
 de-duplication window (so a write does not carry the whole window), and one small side row per
 deleted node id (`~del/<id>`), deleted content fingerprint (`~fp/<sha256>`) and pin
 (`~pin/<node_id>`), so that no row grows with a user's history (the layout is defined, read and
@@ -34,7 +35,7 @@ from streams.core.redaction import threshold_for
 from streams.runtime import checkpoint
 
 from . import memory_step, state_scan
-from .user_cache import UserCache, chunk_rows, load_user, side_rows, weight
+from .user_cache import HISTORY_KEY, UserCache, chunk_rows, deletion_rows, load_user, node_rows, side_rows
 
 if TYPE_CHECKING:
     from streams.runtime.app import Runtime
@@ -60,6 +61,22 @@ def row_owner(key: str) -> str:
     """The user a `memory-state` row belongs to (the table's owner rule): the key up to its first
     `/` (`node_key`), the whole key for the user's aux row."""
     return key.split(NODE_KEY_SEP, 1)[0]
+
+
+class StoredHistory:
+    """A user's closed nodes as `memory-state` holds them (`<user>/~h/<node_id>`), read on demand
+    (`streams.core.state.HistoryReader`)."""
+
+    def __init__(self, table: Any, user: str, partition: int, count: Callable[[str], None]) -> None:
+        self.table, self.user, self.partition, self.count = table, user, partition, count
+
+    def get(self, node_id: str) -> dict[str, Any] | None:
+        self.count("memory_history_reads:node")
+        return state_scan.user_row(self.table, node_key(self.user, HISTORY_KEY + node_id), self.partition)
+
+    def all(self) -> list[dict[str, Any]]:
+        self.count("memory_history_reads:range")
+        return [row for _key, row in state_scan.user_history(self.table, self.user, self.partition)]
 
 
 class UserContained(Exception):
@@ -120,6 +137,10 @@ class MemoryStore:
         if not self.valid:
             self._reset()
         else:
+            for user in self.users.pinned:  # the batch is written: its closed nodes are in the table
+                um = self.users.peek(user)
+                if um is not None and user not in self.redo:
+                    um.closed.release()
             self._forget(self.users.unpin_all())
             self._gauges()  # the users the last batch grew, re-weighed: the gauge is the bound's figure
 
@@ -160,10 +181,11 @@ class MemoryStore:
     def _load(self, motebit_id: str, rows: list | None = None) -> tuple[UserMemory | None, dict]:
         """Read a user from its rows: its state and the redo log of its aux row, or (None, {})
         for a user whose rows cannot be rebuilt (contained: recorded in `corrupt`). Not cached."""
+        partition = self.rt.partition_of(motebit_id)
         if rows is None:
-            rows = state_scan.user_rows(self.state, motebit_id, self.rt.partition_of(motebit_id))
+            rows = state_scan.user_rows(self.state, motebit_id, partition, history=False)
         loaded = load_user(motebit_id, rows, dedup_max_ids=self.rt.settings.dedup_max_ids,
-                           index_config=self.index_config)
+                           index_config=self.index_config, history=StoredHistory(self.state, motebit_id, partition, self.rt.count))
         if loaded.foreign:
             if motebit_id not in self.foreign:
                 log.warning("memory state of %r: skipped %d rows whose owner differs from their key (left by a "
@@ -232,7 +254,7 @@ class MemoryStore:
                 continue
             um = self.users.get(user)
             if um is not None:
-                yield user, um, None, weight(um)
+                yield user, um, None, len(um) + 1  # a sweep reads its history back: every row counts
                 continue
             read = rows()
             if wanted is not None and not wanted(read):
@@ -257,13 +279,14 @@ class MemoryStore:
         through the attempt's checkpoint `cp`."""
         for suffix, row in self.redo.pop(motebit_id, {}).items():
             cp.write(self.state, node_key(motebit_id, suffix), checkpoint.DELETE if row is None else row)
+        nodes: dict[str, Any] = {}  # live nodes under their id, closed ones under `~h/` (user_cache.node_rows)
         for node in out.node_upserts:
-            cp.write(self.state, node_key(motebit_id, node["node_id"]), node)
+            nodes.update(node_rows(node))
         for node_id in out.node_deletions:
-            cp.write(self.state, node_key(motebit_id, node_id), checkpoint.DELETE)
+            nodes.update(deletion_rows(node_id))
         sealed, dropped = um.seen_changes()
         side = side_rows(um.side_changes())  # deleted ids and fingerprints, pins: one small row each
-        for suffix, row in {**chunk_rows(sealed, dropped), **side}.items():
+        for suffix, row in {**nodes, **chunk_rows(sealed, dropped), **side}.items():
             cp.write(self.state, node_key(motebit_id, suffix), checkpoint.DELETE if row is None else row)
         # the aux row carries these rows as its redo log: past the budget, the batch is made
         # durable after this record (streams.runtime.checkpoint), so the aux row stays bounded

@@ -34,10 +34,14 @@ from streams.runtime.faust_internals import (
     rocksdb_value_decoder,
 )
 
-from .user_cache import KEY_SEP, group_rows
+from .user_cache import HISTORY_KEY, KEY_SEP, group_rows
 
 _SEP = KEY_SEP.encode()
 _AFTER_SEP = bytes([_SEP[0] + 1])  # the first byte sorting after every `<user>/…` key
+_HISTORY = HISTORY_KEY.encode()  # `~h/`
+_AFTER_HISTORY = _HISTORY[:-1] + _AFTER_SEP  # `~h0`: after every `<user>/~h/…` key
+#: the value `user_rows` gives a history row it did not read (`history=False`)
+UNREAD = True
 
 
 def _active(store: Any, table: TableT, partition: int) -> bool:
@@ -54,30 +58,83 @@ def _active_db(store: Any, table: TableT, partition: int) -> Any | None:
     return rocksdb_partition_db(store, partition)  # opens it if Faust has not yet (as its own _get does)
 
 
-def user_rows(table: TableT, user: str, partition: int) -> list[tuple[str, Any]]:
+def _user_dbs(store: Any, table: TableT, partition: int) -> list[Any]:
+    """The Rdicts a user's rows are read from: its partition's, then every other active one's."""
+    others = sorted(p for p in rocksdb_open_partitions(store) if p != partition and _active(store, table, p))
+    return [db for p in [partition, *others] if (db := _active_db(store, table, p)) is not None]
+
+
+def _range(db: Any, start: bytes, end: bytes, decode: Callable[[bytes], Any] | None, out: list) -> None:
+    """Append the rows of [start, end) of `db`: `(key, decode(value))`, or `(key, UNREAD)`
+    without `decode` (keys only: the values are not copied out of RocksDB)."""
+    if decode is None:
+        for key in db.keys(from_key=start):
+            if key >= end:
+                break
+            out.append((key.decode(), UNREAD))
+        return
+    for key, value in db.items(from_key=start):
+        if key >= end:
+            break
+        out.append((key.decode(), decode(value)))
+
+
+def user_rows(table: TableT, user: str, partition: int, history: bool = True) -> list[tuple[str, Any]]:
     """Every row `(key, value)` of `user` (keys `<user>` and `<user>/…`), values decoded: the
     range of its partition `partition`, then the same range of every other active partition,
     which is empty unless a row was put there by hand (the worker writes a user's rows only in
-    events of its partition); read so that such a row is seen, as a scan of the table would."""
+    events of its partition); read so that such a row is seen, as a scan of the table would.
+    `history=False`: the closed nodes' rows (`<user>/~h/…`) come with the value `UNREAD` (a
+    user is loaded from their keys: `streams.agents.user_cache.load_user`)."""
     store = rocksdb_store(table)
     if store is None:
         prefix = user + KEY_SEP
         return [(k, v) for k, v in table.items() if k == user or k.startswith(prefix)]
-    others = sorted(p for p in rocksdb_open_partitions(store) if p != partition and _active(store, table, p))
-    dbs = [db for p in [partition, *others] if (db := _active_db(store, table, p)) is not None]
     decode = rocksdb_value_decoder(store)
     head = user.encode()
     start, end = head + _SEP, head + _AFTER_SEP
-    out = []
-    for db in dbs:
+    hist_start, hist_end = start + _HISTORY, start + _AFTER_HISTORY
+    out: list[tuple[str, Any]] = []
+    for db in _user_dbs(store, table, partition):
         aux = db.get(head)
         if aux is not None:
             out.append((user, decode(aux)))
-        for key, value in db.items(from_key=start):
-            if key >= end:
-                break
-            out.append((key.decode(), decode(value)))
+        if history:
+            _range(db, start, end, decode, out)
+        else:
+            _range(db, start, hist_start, decode, out)
+            _range(db, hist_start, hist_end, None, out)
+            _range(db, hist_end, end, decode, out)
     return out
+
+
+def user_history(table: TableT, user: str, partition: int) -> list[tuple[str, Any]]:
+    """The rows `(key, node)` of `user`'s closed nodes (`<user>/~h/…`), read as `user_rows` reads."""
+    prefix = user + KEY_SEP + HISTORY_KEY
+    store = rocksdb_store(table)
+    if store is None:
+        return [(k, v) for k, v in table.items() if k.startswith(prefix) and v is not None]
+    decode = rocksdb_value_decoder(store)
+    start = prefix.encode()
+    end = start[:-1] + _AFTER_SEP
+    out: list[tuple[str, Any]] = []
+    for db in _user_dbs(store, table, partition):
+        _range(db, start, end, decode, out)
+    return [(k, v) for k, v in out if v is not None]
+
+
+def user_row(table: TableT, key: str, partition: int) -> Any | None:
+    """One row of a user (`key` is `<user>/…`), decoded, or None: its partition first, as
+    `user_rows` reads."""
+    store = rocksdb_store(table)
+    if store is None:
+        return table.get(key)
+    raw = key.encode()
+    for db in _user_dbs(store, table, partition):
+        value = db.get(raw)
+        if value is not None:
+            return rocksdb_value_decoder(store)(value)
+    return None
 
 
 def partition_users(table: TableT, partition: int, partition_of, limit: int | None = None) -> list[str]:

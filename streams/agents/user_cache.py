@@ -10,9 +10,13 @@ what changed and is rebuilt from plain collections; it knows no keys): the key i
 `<user>/<rest>` (`streams.agents.memory_store.node_key`). `<user>/~seen/<k>` is sealed chunk k of the
 de-duplication window (`chunk_rows`; a non-integer k: the user cannot be rebuilt),
 `<user>/~del/<node_id>`, `~fp/<fingerprint>`, `~pin/<node_id>` are side rows, one per deleted node
-id, deleted content fingerprint and pin (`side_rows`), and any other row is classified by what it
-holds — an aux row (no `node_id`) under `<user>`, a node row under `<user>/<node_id>`. No id can
-contain `~`, so no node id collides with an internal row. A row whose `motebit_id` is another
+id, deleted content fingerprint and pin (`side_rows`), `<user>/~h/<node_id>` is a closed
+(superseded) node — the user's history, kept apart so that loading a user reads its ids and not
+its records (`node_rows`; `UserMemory.closed` reads a record when one is asked for) — and any
+other row is classified by what it holds — an aux row (no `node_id`) under `<user>`, a live node
+row under `<user>/<node_id>` (or a closed one written by an earlier version: held in memory with
+the user, and moved to `~h/` when it next changes). No id can contain `~`, so no node id
+collides with an internal row. A row whose `motebit_id` is another
 user's (left by an older version that let ids contain `/`) is skipped and counted (`foreign`). A
 user whose rows are neither, or that `UserMemory.from_nodes` refuses, is *contained* (`corrupt`:
 the reason).
@@ -26,7 +30,8 @@ A lazily loaded user is built by the same `UserMemory.from_nodes` call from the 
 eager rebuild of every user did, so it decides exactly as before (tests/agents/test_user_cache.py
 compares the two on generated tables).
 
-Bound (`UserCache`): the loaded users' weights (`weight`: nodes + 1) add up to at most
+Bound (`UserCache`): the loaded users' weights (`weight`: live and held nodes, a 32nd of the
+other closed nodes, + 1) add up to at most
 `max_nodes`, except that a *pinned* user is never evicted (the memory agent pins every user its
 current batch touched until that batch's rows are written: its `UserMemory` holds the batch's
 effects, which the table does not have yet) and the user just loaded stays even when it alone is
@@ -45,16 +50,35 @@ from streams.core import UserMemory
 from streams.core.housekeeping import HousekeepingPolicy, prune_reason
 from streams.core.nodes import NODE_FIELDS, complete_node
 from streams.core.similarity import IndexConfig
-from streams.core.state import SideChanges
+from streams.core.state import HistoryReader, SideChanges
 
 KEY_SEP = "/"  #: a user id never contains it (validated at ingest): the first one ends the user id
 SEEN_CHUNK_KEY = "~seen/"  #: `<user>/~seen/<k>`: sealed chunk k of the de-duplication window
 DELETED_ID_KEY = "~del/"  #: `<user>/~del/<node_id>`: a deleted node id (row: 1)
 DELETED_FP_KEY = "~fp/"  #: `<user>/~fp/<sha256>`: a deleted content fingerprint (row: 1)
 PIN_KEY = "~pin/"  #: `<user>/~pin/<node_id>`: the latest memory_pinned of a node (row: the Pin)
+HISTORY_KEY = "~h/"  #: `<user>/~h/<node_id>`: a closed (superseded) node (row: the node)
+#: a closed node costs this fraction of a node against the bound (its id in a set: ~100 bytes,
+#: against ~3-10 KB for a live node with its similarity index entries)
+HISTORY_WEIGHT_DIVISOR = 32
 SIDE_PREFIXES = (DELETED_ID_KEY, DELETED_FP_KEY, PIN_KEY)
 _INTERNAL = (SEEN_CHUNK_KEY, *SIDE_PREFIXES)  #: row suffixes that are not node ids
 _NODE_FIELDS = frozenset(NODE_FIELDS)
+
+
+def node_rows(node: dict[str, Any]) -> dict[str, Any]:
+    """The rows (`<rest>` → row, None = delete) of a node upsert: a live node under its id; a
+    closed one under `~h/<node_id>`, its row under its id deleted (it was live before, or
+    written there by an earlier version)."""
+    nid = node["node_id"]
+    if node.get("valid_until") is None:
+        return {nid: node}
+    return {HISTORY_KEY + nid: node, nid: None}
+
+
+def deletion_rows(node_id: str) -> dict[str, Any]:
+    """The rows of a deleted node: wherever it was (a delete of an absent row writes nothing)."""
+    return {node_id: None, HISTORY_KEY + node_id: None}
 
 
 def chunk_rows(sealed: dict[int, list], dropped: list[int]) -> dict[str, Any]:
@@ -84,11 +108,16 @@ class Loaded:
 
 
 def load_user(user: str, rows: Iterable[tuple[str, Any]], *, dedup_max_ids: int,
-              index_config: IndexConfig | None = None) -> Loaded:
+              index_config: IndexConfig | None = None, history: HistoryReader | None = None) -> Loaded:
     """The user's state from its rows `(key, row)` (keys `<user>` and `<user>/<rest>` only;
     None rows are tombstones and skipped). A user without rows (or with foreign ones only) gets
-    an empty `UserMemory`, as a first record of a new user does."""
+    an empty `UserMemory`, as a first record of a new user does. A `~h/` row counts by its key
+    alone (its value is not read: the scan may leave it out); its record is read on demand
+    through `history` (a closed node of the redo log is held in memory instead: the store may
+    not have it yet)."""
     nodes: list[dict] = []
+    history_ids: set[str] = set()
+    redo_history: dict[str, dict] = {}
     chunks: dict[int, list] = {}
     side: dict[str, Any] = {}
     aux: dict | None = None
@@ -110,6 +139,9 @@ def load_user(user: str, rows: Iterable[tuple[str, Any]], *, dedup_max_ids: int,
         if sep and rest.startswith(SIDE_PREFIXES):
             side[rest] = row
             continue
+        if sep and rest.startswith(HISTORY_KEY):
+            history_ids.add(rest[len(HISTORY_KEY):])
+            continue
         owner = row.get("motebit_id") if isinstance(row, dict) else None
         if owner != user:
             foreign += 1
@@ -130,7 +162,11 @@ def load_user(user: str, rows: Iterable[tuple[str, Any]], *, dedup_max_ids: int,
                     if rest.startswith(SEEN_CHUNK_KEY):
                         target, ident = chunks, int(rest[len(SEEN_CHUNK_KEY):])
                     elif rest.startswith(SIDE_PREFIXES):
-                        target, ident = side, rest  # type: ignore[assignment]  # three kinds of rows, one update
+                        target, ident = side, rest  # type: ignore[assignment]  # four kinds of rows, one update
+                    elif rest.startswith(HISTORY_KEY):
+                        target, ident = redo_history, rest[len(HISTORY_KEY):]  # type: ignore[assignment]
+                        if row is None:
+                            history_ids.discard(ident)
                     else:
                         target, ident = by_id, rest  # type: ignore[assignment]
                     if row is None:
@@ -138,8 +174,10 @@ def load_user(user: str, rows: Iterable[tuple[str, Any]], *, dedup_max_ids: int,
                     else:
                         target[ident] = row
                 nodes = list(by_id.values())
+            history_ids.difference_update(redo_history)
             um = UserMemory.from_nodes(
-                user, nodes, aux, seen_chunks=chunks, dedup_max_ids=dedup_max_ids, index_config=index_config,
+                user, [*nodes, *redo_history.values()], aux, seen_chunks=chunks, dedup_max_ids=dedup_max_ids,
+                index_config=index_config, history_ids=history_ids, history=history,
                 deleted_node_ids=[k[len(DELETED_ID_KEY):] for k in side if k.startswith(DELETED_ID_KEY)],
                 deleted_fingerprints=[k[len(DELETED_FP_KEY):] for k in side if k.startswith(DELETED_FP_KEY)],
                 pins={k[len(PIN_KEY):]: row for k, row in side.items() if k.startswith(PIN_KEY)})
@@ -188,8 +226,10 @@ def group_rows(rows: Iterable[tuple[str, Any]]) -> dict[str, list[tuple[str, Any
 
 
 def weight(um: UserMemory) -> int:
-    """What a loaded user counts against the bound: its nodes (live and superseded) + 1."""
-    return len(um) + 1
+    """What a loaded user counts against the bound: its live nodes, the closed ones held in
+    memory, a `HISTORY_WEIGHT_DIVISOR`th of the closed ones only known by id, + 1."""
+    held = um.closed.held
+    return len(um.live) + held + -(-(len(um.closed) - held) // HISTORY_WEIGHT_DIVISOR) + 1
 
 
 class UserCache:
@@ -210,6 +250,10 @@ class UserCache:
 
     def __contains__(self, user: str) -> bool:
         return user in self._users
+
+    def peek(self, user: str) -> UserMemory | None:
+        """A loaded user, without making it the most recently used."""
+        return self._users.get(user)
 
     def users(self) -> list[str]:
         """Loaded users, least recently used first."""

@@ -141,7 +141,7 @@ def erase_step(
     memory.seen.add(seen_key, ts)
 
     out = Outcome()
-    todo = sorted({n["node_id"] for n in memory.nodes()})
+    todo = sorted({*memory.live, *memory.closed})  # ids: a step reads only the history it erases
     per_step = max(1, policy.max_nodes_per_step)  # 0 would never finish
     batch, remaining = todo[:per_step], todo[per_step:]
     for node_id in batch:

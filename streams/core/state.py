@@ -14,6 +14,14 @@ Durable state is two records, both plain dicts the shell keeps in Faust tables:
 Everything else — the similarity index in particular — is derived and rebuilt by
 :meth:`UserMemory.from_nodes`; a rebuilt state decides exactly like the one it replaces.
 
+History (closed, superseded nodes) is not held in memory: :class:`History` holds the ids of a
+user's closed nodes, and their records only while they are not yet durable (closed since the
+state was built, or handed to :meth:`UserMemory.from_nodes` because the shell cannot read them
+back); any other is read on demand through a :class:`HistoryReader` the shell supplies (as-of
+queries, supersession chains, retention sweeps, erasure). On a stream where most new facts
+supersede an older one, a user's history grows with its records while its live nodes do not, so
+a state that held its history would cost, to build and to keep, what the user ever said.
+
 Mutation discipline: node dicts are never changed in place; an update builds a new dict and
 :meth:`put_node` swaps it in. So a shallow copy of the maps is a safe snapshot and a node
 dict handed to the shell (an upsert) never changes afterwards.
@@ -33,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .ingest import DedupWindow
 from .nodes import as_of, complete_node, is_open
@@ -47,6 +55,119 @@ Pin = tuple[int, int, str, bool]
 def as_pin(value: Any) -> Pin:
     """A :data:`Pin` from its stored form (a list or tuple of its four fields)."""
     return (int(value[0]), int(value[1]), str(value[2]), bool(value[3]))
+
+
+class HistoryReader(Protocol):
+    """How :class:`History` reads a closed node that it does not hold (the shell's store)."""
+
+    def get(self, node_id: str) -> dict[str, Any] | None:
+        """The closed node ``node_id`` as stored, or None when the store has no such node."""
+
+    def all(self) -> Iterable[dict[str, Any]]:
+        """Every closed node the store holds for this user (any order)."""
+
+
+class MissingHistory(LookupError):
+    """A closed node whose id the state knows cannot be read from the store (rows lost or
+    changed by hand): the record that needed it fails rather than deciding on a partial history."""
+
+    def __init__(self, motebit_id: str, node_id: str) -> None:
+        super().__init__(f"closed node {node_id[:200]!r} of {motebit_id[:200]!r} is not in the memory state store")
+
+
+class History(Mapping[str, dict[str, Any]]):
+    """A user's closed (superseded) nodes: every id, and the records of those *held*; any other
+    record is read through the reader when asked for. Held: the nodes closed or changed since
+    the state was built (until :meth:`release`, once the shell has made them durable), and the
+    nodes given at construction (:meth:`hold`: the shell cannot read them back, e.g. rows of an
+    earlier layout or of a redo log not rewritten yet). Without a reader every node is held."""
+
+    def __init__(self, motebit_id: str, reader: HistoryReader | None = None) -> None:
+        self.motebit_id = motebit_id
+        self.reader = reader
+        self._ids: set[str] = set()
+        self._held: dict[str, dict[str, Any]] = {}
+        self._kept: set[str] = set()  #: held for good (not released): see the class doc
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids)
+
+    def __getitem__(self, node_id: str) -> dict[str, Any]:
+        node = self.get(node_id)
+        if node is None:
+            raise KeyError(node_id)
+        return node
+
+    def get(self, node_id: str, default: Any = None) -> Any:
+        if node_id not in self._ids:
+            return default
+        node = self._held.get(node_id)
+        if node is None:
+            node = self.reader.get(node_id) if self.reader is not None else None
+            if node is None:
+                raise MissingHistory(self.motebit_id, node_id)
+        return node
+
+    @property
+    def held(self) -> int:
+        """How many closed nodes are held in memory."""
+        return len(self._held)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every closed node (held ones as held, the others read in one pass), in node_id order."""
+        out = dict(self._held)
+        if len(out) < len(self._ids) and self.reader is not None:
+            for node in self.reader.all():
+                nid = node["node_id"]
+                if nid in self._ids and nid not in out:
+                    out[nid] = node
+        missing = self._ids - out.keys()
+        if missing:
+            raise MissingHistory(self.motebit_id, min(missing))
+        return [out[nid] for nid in sorted(out)]
+
+    def know(self, node_id: str) -> None:
+        """A closed node the store holds (its id only)."""
+        self._ids.add(node_id)
+
+    def hold(self, node: dict[str, Any], keep: bool = False) -> None:
+        """A closed node held in memory: ``keep`` until the state is dropped (the shell cannot
+        read it back), else until :meth:`release`."""
+        nid = node["node_id"]
+        self._ids.add(nid)
+        self._held[nid] = node
+        if keep:
+            self._kept.add(nid)
+
+    def pop(self, node_id: str, default: Any = None) -> Any:
+        """Remove a closed node; returns its record (read when not held), or ``default``."""
+        if node_id not in self._ids:
+            return default
+        node = self.get(node_id)
+        self.discard(node_id)
+        return node
+
+    def discard(self, node_id: str) -> None:
+        """Remove a closed node without reading it."""
+        self._ids.discard(node_id)
+        self._held.pop(node_id, None)
+        self._kept.discard(node_id)
+
+    def release(self) -> int:
+        """Drop the held records the store now has (the shell made them durable); returns how
+        many. Those given with ``keep`` stay; without a reader nothing is dropped."""
+        if self.reader is None:
+            return 0
+        drop = [nid for nid in self._held if nid not in self._kept]
+        for nid in drop:
+            del self._held[nid]
+        return len(drop)
 
 
 @dataclass
@@ -74,7 +195,7 @@ class UserMemory:
     ) -> None:
         self.motebit_id = motebit_id
         self.live: dict[str, dict[str, Any]] = {}
-        self.closed: dict[str, dict[str, Any]] = {}
+        self.closed = History(motebit_id)
         self.index = SimilarityIndex(index_config)
         self.deleted_fingerprints: set[str] = set()
         self.deleted_node_ids: set[str] = set()
@@ -104,6 +225,8 @@ class UserMemory:
         deleted_node_ids: Iterable[str] = (),
         deleted_fingerprints: Iterable[str] = (),
         pins: Mapping[str, Any] | None = None,
+        history_ids: Iterable[str] = (),
+        history: HistoryReader | None = None,
     ) -> UserMemory:
         """Rebuild from the durable state: node records (any order), the aux record and, when
         the aux record is compact (``aux_record(compact=True)``), what it leaves out: the sealed
@@ -113,12 +236,25 @@ class UserMemory:
 
         An aux record of the earlier layout (with the deleted ids, fingerprints and pins in it)
         is read too, and its entries are then reported by the next ``side_changes`` so that the
-        shell keeps them apart from then on."""
+        shell keeps them apart from then on.
+
+        ``history_ids``: the closed nodes the store holds, read on demand through ``history``
+        (a :class:`HistoryReader`); a closed node among ``nodes`` is held in memory for as long
+        as this state lives. An id both live in ``nodes`` and in ``history_ids`` is closed (a
+        node never reopens: its closing was the later write)."""
         um = cls(motebit_id, index_config=index_config, dedup_max_ids=dedup_max_ids, dedup_horizon_ms=dedup_horizon_ms)
+        um.closed.reader = history
+        closed_ids = set(history_ids)
         for rec in sorted((complete_node(n) for n in nodes), key=lambda n: n["node_id"]):
             if rec["motebit_id"] != motebit_id:
                 raise ValueError(f"node {rec['node_id']} belongs to {rec['motebit_id']!r}, not {motebit_id!r}")
-            um.put_node(rec)
+            if is_open(rec):
+                if rec["node_id"] not in closed_ids:
+                    um.put_node(rec)
+            else:
+                um.closed.hold(rec, keep=True)
+        for nid in closed_ids:
+            um.closed.know(nid)
         um.deleted_node_ids.update(deleted_node_ids)
         um.deleted_fingerprints.update(deleted_fingerprints)
         um.pins.update((node_id, as_pin(pin)) for node_id, pin in (pins or {}).items())
@@ -211,18 +347,18 @@ class UserMemory:
         return n if n is not None else self.closed.get(node_id)
 
     def nodes(self) -> Iterator[dict[str, Any]]:
-        """Every node (live then closed), in node_id order within each group."""
+        """Every node (live then closed), in node_id order within each group (the closed ones
+        read from the store: a pass over the user's history)."""
         for nid in sorted(self.live):
             yield self.live[nid]
-        for nid in sorted(self.closed):
-            yield self.closed[nid]
+        yield from self.closed.records()
 
     def live_nodes(self) -> Iterator[dict[str, Any]]:
         return iter(self.live.values())
 
     def as_of(self, t: int) -> list[Mapping[str, Any]]:
         """The nodes valid at time ``t`` (bi-temporal query over live and closed nodes)."""
-        return as_of(list(self.live.values()) + list(self.closed.values()), t)
+        return as_of(list(self.live.values()) + self.closed.records(), t)
 
     def knows(self, node_id: str) -> bool:
         return node_id in self.live or node_id in self.closed or node_id in self.deleted_node_ids
@@ -252,7 +388,7 @@ class UserMemory:
         nid = node["node_id"]
         old = self.live.get(nid)
         if is_open(node):
-            self.closed.pop(nid, None)
+            self.closed.discard(nid)
             self.live[nid] = node
             if old is None or old["content"] != node["content"] or old.get("embedding") != node.get("embedding"):
                 self.index.add(nid, node["content"], node.get("embedding"))
@@ -260,7 +396,7 @@ class UserMemory:
             if old is not None:
                 del self.live[nid]
                 self.index.remove(nid)
-            self.closed[nid] = node
+            self.closed.hold(node)
 
     def erase_node(self, node_id: str) -> dict[str, Any] | None:
         """Delete a node for good: remove it and its index entry, remember its fingerprint

@@ -65,6 +65,9 @@ FAMILY_LABELS: dict[str, tuple[tuple[str, ...], str]] = {
     "housekeeping": (("kind",), "Housekeeping actions (e.g. expired nodes deleted), by kind."),
     "memory_users": (("event",), "Users' memory state read from the memory-state table (`loaded`; `prefilled`: of those, "
                      "read by the prefill after a rebalance, unasked) and dropped from the bounded LRU (`evicted`)."),
+    "memory_history_reads": (("read",), "Superseded (history) nodes read back from the memory-state table on demand: one "
+                             "node (`node`: a supersession chain, an event on history) or a user's whole history "
+                             "(`range`: an as-of query, a sweep, an erasure)."),
     "erase": (("label",), "Erasure work done: memory nodes deleted (`nodes`) and receipts sent (`receipts`)."),
     "analytics_refused": (("label",), "Analytics records refused, by reason."),
     "standby": (("event",), "The standby applier (MEMSTREAM_STANDBY_APPLY=librdkafka): changelog records written into "
@@ -78,7 +81,8 @@ GAUGE_HELP: dict[str, str] = {
     "memory_users_contained": "Users whose memory state could not be rebuilt on this worker (records dead-lettered, queries 503), among the users read since the last rebalance (a user is read on first touch).",
     "memory_foreign_rows": "memory-state rows skipped because their owner differs from their key, among the users read since the last rebalance.",
     "memory_users_loaded": "Users whose memory state this worker holds loaded (the LRU bounded by MEMSTREAM_LOADED_NODES_MAX).",
-    "memory_nodes_loaded": "Nodes (+1 per user) of the loaded users, the figure bounded by MEMSTREAM_LOADED_NODES_MAX (pinned users of the running batch may exceed it).",
+    "memory_nodes_loaded": ("Live nodes (+1 per user, + a 32nd of their superseded nodes, read on demand) of the loaded users, "
+                            "the figure bounded by MEMSTREAM_LOADED_NODES_MAX (pinned users of the running batch may exceed it)."),
 }
 
 PROCESSING_HELP = "Seconds a handler took to apply one decoded input record, by input topic."

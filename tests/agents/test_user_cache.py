@@ -22,15 +22,19 @@ from streams.agents import state_scan
 from streams.agents.user_cache import (
     DELETED_FP_KEY,
     DELETED_ID_KEY,
+    HISTORY_KEY,
+    HISTORY_WEIGHT_DIVISOR,
     PIN_KEY,
     SEEN_CHUNK_KEY,
     SIDE_PREFIXES,
     SweepSlices,
     UserCache,
     chunk_rows,
+    deletion_rows,
     group_rows,
     load_user,
     may_expire,
+    node_rows,
     side_rows,
     weight,
 )
@@ -38,6 +42,7 @@ from streams.contracts import catalog
 from streams.core import IndexConfig, UserMemory, process_candidate, process_event
 from streams.core.housekeeping import HousekeepingPolicy, sweep_memory
 from streams.core.limits import DEFAULT_LIMITS, id_problem
+from streams.core.state import MissingHistory
 from streams.tools import generate
 from tests.core.test_determinism import _run, _stream
 
@@ -90,32 +95,58 @@ def eager_rebuild(items) -> tuple[dict[str, UserMemory], dict[str, str], int]:
     return cache, corrupt, foreign
 
 
-def write_rows(table: dict[str, Any], um: UserMemory, node_ids: list[str]) -> None:
-    """A user's rows after a change, in the layout `MemoryStore.stage` writes (pending empty)."""
-    user = um.motebit_id
-    for nid in node_ids:
-        node = um.node(nid)
-        table[f"{user}/{nid}"] = node
-    for suffix, row in {**chunk_rows(*um.seen_changes()), **side_rows(um.side_changes())}.items():
+class TableHistory:
+    """A `HistoryReader` over a dict table in the `memory-state` layout (`MemoryStore`'s
+    `StoredHistory` reads the same keys out of RocksDB)."""
+
+    def __init__(self, table: dict[str, Any], user: str) -> None:
+        self.table, self.prefix = table, f"{user}/{HISTORY_KEY}"
+
+    def get(self, node_id: str) -> dict | None:
+        return self.table.get(self.prefix + node_id)
+
+    def all(self) -> list[dict]:
+        return [row for key, row in self.table.items() if key.startswith(self.prefix) and row is not None]
+
+
+def apply_rows(table: dict[str, Any], user: str, rows: dict[str, Any]) -> None:
+    for suffix, row in rows.items():
         if row is None:
             table.pop(f"{user}/{suffix}", None)
         else:
             table[f"{user}/{suffix}"] = row
+
+
+def write_rows(table: dict[str, Any], um: UserMemory, out, layout: str = "current") -> None:
+    """A user's rows after an outcome, in the layout `MemoryStore.stage` writes (pending empty);
+    `layout="earlier"`: closed nodes under their id, as versions before the history rows wrote them."""
+    user, rows = um.motebit_id, {}
+    for node in out.node_upserts:
+        rows.update(node_rows(node) if layout == "current" else {node["node_id"]: node})
+    for nid in out.node_deletions:
+        rows.update(deletion_rows(nid))
+    rows.update({**chunk_rows(*um.seen_changes()), **side_rows(um.side_changes())})
+    apply_rows(table, user, rows)
     table[user] = {**um.aux_record(compact=True), "pending": {}}
 
 
-def run(stream, users: dict[str, UserMemory], table: dict[str, Any] | None) -> list:
+def run(stream, users: dict[str, UserMemory], table: dict[str, Any] | None, layout: str = "current",
+        release: bool = False) -> list:
+    """Apply a stream; with a table, write each outcome's rows into it (`release`: the users'
+    closed nodes are then dropped from memory, as the store does once a batch is written)."""
     outputs = []
     for topic, key, record in stream:
         um = users.get(key)
         if um is None:
             um = users[key] = UserMemory(key, dedup_max_ids=MAX_IDS)
+            if release:
+                um.closed.reader = TableHistory(table, key)
         out = process_candidate(um, record) if topic == catalog.MEMORY_CANDIDATES else process_event(um, record)
         outputs.append((out.ledger, out.node_upserts, out.node_deletions, out.quarantined, out.duplicate))
         if table is not None:
-            for nid in out.node_deletions:
-                table.pop(f"{key}/{nid}", None)
-            write_rows(table, um, [n["node_id"] for n in out.node_upserts])
+            write_rows(table, um, out, layout)
+            if release:
+                um.closed.release()
     return outputs
 
 
@@ -129,20 +160,26 @@ def mixed(users: int, seed: int) -> list:
             if isinstance(i.value, dict) and i.topic in (catalog.MEMORY_CANDIDATES, catalog.MEMORY_EVENTS)]
 
 
-def test_a_user_loaded_from_its_rows_equals_the_eager_rebuild_and_decides_like_the_state_that_wrote_them():
+@pytest.mark.parametrize("layout", ["current", "earlier"])
+def test_a_user_loaded_from_its_rows_equals_the_eager_rebuild_and_decides_like_the_state_that_wrote_them(layout):
+    """Both row layouts: closed nodes under `~h/` (read by key only when loading, their records
+    on demand) and under their id (as an earlier version wrote them: held with the user)."""
     stream = mixed(users=30, seed=11)
     half = len(stream) // 2
     live: dict[str, UserMemory] = {}
     table: dict[str, Any] = {}
-    run(stream[:half], live, table)
+    run(stream[:half], live, table, layout)
+    assert sum(len(um.closed) for um in live.values()) > 10  # the stream supersedes: there is history
     eager, corrupt, foreign = eager_rebuild(table.items())
     assert not corrupt and foreign == 0 and eager
     grouped = group_rows(table.items())
     lazy = {}
     for user in sorted(grouped):
-        loaded = load_user(user, grouped[user], dedup_max_ids=MAX_IDS)
+        rows = [(k, state_scan.UNREAD if f"/{HISTORY_KEY}" in k else v) for k, v in grouped[user]]
+        loaded = load_user(user, rows, dedup_max_ids=MAX_IDS, history=TableHistory(table, user))
         assert loaded.corrupt is None and loaded.foreign == 0
         lazy[user] = loaded.memory
+        assert loaded.memory.closed.held == (0 if layout == "current" else len(live[user].closed))
         assert state(loaded.memory) == state(eager[user]) == state(live[user]), user
     # the rest of the stream decides the same on the loaded users as on the ones that never stopped
     assert run(stream[half:], lazy, None) == run(stream[half:], live, None)
@@ -219,23 +256,19 @@ def test_the_redo_log_completes_a_partly_written_batch(seed, n, data):
         """What `MemoryStore.stage` writes after these outcomes: last row per `<rest>`, None = delete."""
         rows: dict = {}
         for out in outs:
-            rows.update({node["node_id"]: node for node in out.node_upserts})
-            rows.update({node_id: None for node_id in out.node_deletions})
+            for node in out.node_upserts:
+                rows.update(node_rows(node))
+            for node_id in out.node_deletions:
+                rows.update(deletion_rows(node_id))
             rows.update({**chunk_rows(*um.seen_changes()), **side_rows(um.side_changes())})
         return rows
 
-    def write(rows: dict) -> None:
-        for rest, row in rows.items():
-            if row is None:
-                table.pop(f"u1/{rest}", None)
-            else:
-                table[f"u1/{rest}"] = row
-
-    write(staged(_run(um, ops[:cut])))  # an earlier batch, fully written
+    apply_rows(table, "u1", staged(_run(um, ops[:cut])))  # an earlier batch, fully written
     changes = staged(_run(um, ops[cut:]))  # this batch
     table["u1"] = {**um.aux_record(compact=True), "pending": changes}  # the aux row first
-    write(dict(list(changes.items())[:data.draw(st.integers(0, len(changes)))]))  # the crash
-    loaded = load_user("u1", list(table.items()), dedup_max_ids=um.seen.max_ids, index_config=cfg)
+    apply_rows(table, "u1", dict(list(changes.items())[:data.draw(st.integers(0, len(changes)))]))  # the crash
+    loaded = load_user("u1", list(table.items()), dedup_max_ids=um.seen.max_ids, index_config=cfg,
+                       history=TableHistory(table, "u1"))
     assert loaded.corrupt is None and loaded.redo == changes
     assert list(loaded.memory.nodes()) == list(um.nodes())
     assert loaded.memory.aux_record() == um.aux_record()
@@ -243,7 +276,7 @@ def test_the_redo_log_completes_a_partly_written_batch(seed, n, data):
 
 def test_no_id_can_name_an_internal_row():
     """The layout relies on it: a node id (any id) never starts like a chunk or side row."""
-    for prefix in (SEEN_CHUNK_KEY, *SIDE_PREFIXES):
+    for prefix in (SEEN_CHUNK_KEY, HISTORY_KEY, *SIDE_PREFIXES):
         assert id_problem(prefix + "0", DEFAULT_LIMITS) is not None, prefix
         assert id_problem(prefix.strip("/~") + "0", DEFAULT_LIMITS) is None  # the rule refuses the mark, not the word
 
@@ -308,6 +341,54 @@ def test_a_dropped_user_gives_back_its_weight_and_its_pin():
 def test_the_bound_must_be_positive():
     with pytest.raises(ValueError):
         UserCache(max_nodes=0)
+
+
+def test_closed_nodes_only_known_by_id_weigh_a_fraction_of_a_node():
+    um = grown("u", 3)
+    for i in range(70):
+        um.closed.know(f"h-{i}")
+    um.closed.hold({**NODE, "motebit_id": "u", "node_id": "h-0", "valid_until": 5})
+    assert um.closed.held == 1 and len(um.closed) == 70
+    assert weight(um) == 3 + 1 + -(-69 // HISTORY_WEIGHT_DIVISOR) + 1 == 8
+
+
+# ------------------------------------------------------------------- history read on demand
+@pytest.mark.parametrize("seed", [3, 11])
+def test_a_user_whose_history_is_released_after_each_write_decides_like_one_that_holds_it(seed):
+    """The store drops a user's closed nodes from memory once a batch is written and reads one
+    back when a rule needs it (supersession chains, events on history, sweeps, erasure): the
+    same outputs, nodes and as-of answers as a state that holds its whole history."""
+    stream = mixed(users=12, seed=seed)
+    holding: dict[str, UserMemory] = {}
+    releasing: dict[str, UserMemory] = {}
+    table: dict[str, Any] = {}
+    assert run(stream, releasing, table, release=True) == run(stream, holding, None)
+    assert sum(len(um.closed) for um in releasing.values()) > 5
+    assert all(um.closed.held == 0 for um in releasing.values())
+    times = sorted({n["valid_from"] for um in holding.values() for n in um.nodes()})
+    for user, um in holding.items():
+        assert state(releasing[user]) == state(um)
+        for t in times[:: max(1, len(times) // 7)]:
+            assert releasing[user].as_of(t) == um.as_of(t)
+    last = times[-1] + 400 * 86_400_000  # retention reaches history too (read back to be erased)
+    expired = 0
+    for user, um in holding.items():
+        swept = sweep_memory(releasing[user], last)
+        assert swept.node_deletions == sweep_memory(um, last).node_deletions
+        assert state(releasing[user]) == state(um)
+        expired += len(swept.node_deletions)
+    assert expired
+
+
+def test_a_closed_node_the_store_lost_fails_the_rule_that_needs_it_by_name():
+    um = UserMemory("u")
+    um.closed.reader = TableHistory({}, "u")
+    um.closed.know("n-gone")
+    assert um.knows("n-gone") and len(um) == 1
+    with pytest.raises(MissingHistory, match="n-gone"):
+        um.node("n-gone")
+    with pytest.raises(MissingHistory, match="n-gone"):
+        list(um.nodes())
 
 
 # ------------------------------------------------------------------------ RocksDB prefix scans
@@ -560,6 +641,27 @@ def test_a_partition_local_timer_reads_and_decodes_only_its_partitions_rows(tmp_
     assert state_scan.partition_items(plain, 0, owned=lambda k: k != "b") == [("a", {"n": 1})]
 
 
+def test_a_users_history_rows_are_listed_by_key_and_read_on_demand(tmp_path):
+    """`user_rows(history=False)`: the `~h/` rows of a user come as keys (`UNREAD`), every other
+    row decoded; `user_history` reads those rows, `user_row` one of them; no other user's."""
+    store = _Store(tmp_path)
+    rows = {"u": {"a": 1}, "u/n-1": {"n": 1}, f"u/{HISTORY_KEY}h-1": {"h": 1}, f"u/{HISTORY_KEY}h-2": {"h": 2},
+            "u/~pin/n-1": [1], "u/~seen/0": [], "u0/~h/x": {"other": 1}, "u/~h": {"not": "history"}}
+    for key, row in rows.items():
+        store._db_for_partition(partition_of(key.split("/")[0]))[key.encode()] = json.dumps(row).encode()
+    rocks = _Table(store)
+    p = partition_of("u")
+    got = dict(state_scan.user_rows(rocks, "u", p, history=False))
+    assert got == {k: (state_scan.UNREAD if f"/{HISTORY_KEY}" in k else v) for k, v in rows.items()
+                   if k == "u" or k.startswith("u/")}
+    assert dict(state_scan.user_rows(rocks, "u", p)) == {k: v for k, v in rows.items() if k == "u" or k.startswith("u/")}
+    assert state_scan.user_history(rocks, "u", p) == [(f"u/{HISTORY_KEY}h-1", {"h": 1}), (f"u/{HISTORY_KEY}h-2", {"h": 2})]
+    assert state_scan.user_row(rocks, f"u/{HISTORY_KEY}h-2", p) == {"h": 2}
+    assert state_scan.user_row(rocks, f"u/{HISTORY_KEY}h-3", p) is None
+    for db in store._dbs.values():
+        db.close()
+
+
 def test_a_store_without_rocksdb_is_scanned_whole():
     class Plain(dict):
         data = object()  # memory://: no per-partition databases
@@ -590,7 +692,7 @@ def test_a_user_the_sweep_skips_unread_is_one_the_sweep_would_not_change(days):
     policy = HousekeepingPolicy()
     changed = skipped = 0
     for user, rows in grouped.items():
-        um = load_user(user, rows, dedup_max_ids=MAX_IDS).memory
+        um = load_user(user, rows, dedup_max_ids=MAX_IDS, history=TableHistory(table, user)).memory
         out = sweep_memory(um, now_ms, policy)
         if not may_expire(rows, now_ms, policy):
             assert not out.node_deletions and not out.ledger, user
