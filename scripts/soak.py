@@ -12,14 +12,17 @@ MEMSTREAM_REGISTRY_URL http://127.0.0.1:18981/apis/ccompat/v7, MEMSTREAM_STACK_D
 timers running) join a fresh group; their sustained rate on the stream is measured first
 (`--measure-records` candidates as fast as they go; `--rate` skips it), then candidates
 (bench/fleet.py `candidate_stream`, `--users` users, each with its send time) are sent at half
-that rate for `--minutes`. Every `--sample-every` seconds, per worker: RSS (VmRSS), open file
-descriptors (/proc/<pid>/fd), the size of its data dir (RocksDB tables, `du`); and the group's
+that rate for `--minutes`. Every `--sample-every` seconds, per worker: RSS (VmRSS), RocksDB's own
+memory (`memstream_rocksdb_memory_bytes`: memtables, block caches, SST readers; RSS less it is
+the Python side), open file descriptors (/proc/<pid>/fd), the size of its data dir (RocksDB tables, `du`); and the group's
 lag and the interval's processing rate and visible latency p99 (inputs sent in the interval: first
 ledger event received - sent). Written to `bench/out/soak-<time>/`: `samples.csv`, `report.json`,
 `report.md`, `soak.png` (those figures over time, and the lag every 5 s).
 
 The checks, after the first `--warmup-minutes` (each a PASS or FAIL line): every worker's RSS
-stays within ±`--rss-band` (10%) of its first sample after the warm-up; the lag stays bounded (at
+stays within ±`--rss-band` (10%) of its first sample after the warm-up, and so does its RSS less
+RocksDB's memory (bounded per partition store by MEMSTREAM_ROCKSDB_*, it fills towards that bound
+as the stores grow); the lag stays bounded (at
 most `--max-lag-s` seconds of input at the rate, at every sample and at the end); no worker
 exited. File descriptors and the data dirs' growth are reported beside them (a data dir grows
 with the users' memories: that is state, not a leak). Exit 0 when every check passes.
@@ -80,10 +83,13 @@ class Soak(fleet.PacedRun):
                    "open_fds": fleet.open_fds(proc.pid), "data_dir_mib": round(fleet.dir_mib(self.fleet.data_dir(name)), 1),
                    "nodes_loaded": fleet.metric(text, "memstream_memory_nodes_loaded"),
                    "state_keys": fleet.metric(text, 'memstream_table_keys{table="memory-state"}'),
+                   "rocksdb_mib": round((fleet.metric(text, "memstream_rocksdb_memory_bytes") or 0) / 2**20, 1),  # every kind
+                   "python_blocks": fleet.metric(text, "memstream_python_allocated_blocks"),
                    "lag": lag, "committed_per_s": round(rate, 1), "p99_ms": None if p99 is None else round(p99)}
+            row["rss_less_rocksdb_mib"] = round(row["rss_mib"] - row["rocksdb_mib"], 1)
             self.rows.append(row)
             fleet.say(f"  sample {row['t_min']:6.1f} min {name}: RSS {row['rss_mib']:,.0f} MiB, {row['open_fds']} fds, "
-                f"data dir {row['data_dir_mib']:,.0f} MiB, {row['nodes_loaded'] or 0:,.0f} nodes loaded; lag {lag:,}, {rate:,.0f}/s committed, p99 {row['p99_ms']} ms")
+                f"data dir {row['data_dir_mib']:,.0f} MiB, RocksDB {row['rocksdb_mib']:,.0f} MiB, {row['nodes_loaded'] or 0:,.0f} nodes loaded; lag {lag:,}, {rate:,.0f}/s committed, p99 {row['p99_ms']} ms")
 
     def execute(self) -> dict:
         args = self.args
@@ -108,16 +114,17 @@ class Soak(fleet.PacedRun):
         args, rate = self.args, self.rate
         checks = []
         warm = [r for r in self.rows if r["t_min"] >= args.warmup_minutes]
-        for name in self.names:
-            mine = [r["rss_mib"] for r in warm if r["worker"] == name]
-            if not mine:
-                checks.append(("FAIL", f"RSS {name}: no sample after the {args.warmup_minutes:g}-minute warm-up"))
-                continue
-            lo, hi, base = min(mine), max(mine), mine[0]
-            ok = base * (1 - args.rss_band) <= lo and hi <= base * (1 + args.rss_band)
-            checks.append(("PASS" if ok else "FAIL", f"RSS {name} within ±{args.rss_band:.0%} of {base:,.0f} MiB after "
-                           f"{args.warmup_minutes:g} min: {lo:,.0f}–{hi:,.0f} MiB ({100 * (lo / base - 1):+.1f}% / "
-                           f"{100 * (hi / base - 1):+.1f}%, {len(mine)} samples)"))
+        for key, what in (("rss_mib", "RSS"), ("rss_less_rocksdb_mib", "RSS less RocksDB's memory")):
+            for name in self.names:
+                mine = [r[key] for r in warm if r["worker"] == name]
+                if not mine:
+                    checks.append(("FAIL", f"{what} {name}: no sample after the {args.warmup_minutes:g}-minute warm-up"))
+                    continue
+                lo, hi, base = min(mine), max(mine), mine[0]
+                ok = base * (1 - args.rss_band) <= lo and hi <= base * (1 + args.rss_band)
+                checks.append(("PASS" if ok else "FAIL", f"{what} {name} within ±{args.rss_band:.0%} of {base:,.0f} MiB "
+                               f"after {args.warmup_minutes:g} min: {lo:,.0f}–{hi:,.0f} MiB ({100 * (lo / base - 1):+.1f}% / "
+                               f"{100 * (hi / base - 1):+.1f}%, {len(mine)} samples)"))
         bound = rate * args.max_lag_s
         lags = [s.lag for s in self.sampler.samples if (s.t - self.t0) / 60 >= args.warmup_minutes]
         worst, final = max(lags, default=0), (lags[-1] if lags else 0)
@@ -134,10 +141,10 @@ class Soak(fleet.PacedRun):
                 if len(rows) > 1:
                     hours = (rows[-1]["t_min"] - rows[0]["t_min"]) / 60 or 1
                     growth.setdefault(name, {})[part] = {k: round((rows[-1][k] - rows[0][k]) / hours, 1)
-                                                         for k in ("rss_mib", "open_fds", "data_dir_mib")}
+                                                         for k in ("rss_mib", "rocksdb_mib", "open_fds", "data_dir_mib")}
         for name, parts in growth.items():
             text = "; ".join(f"{'after the warm-up' if part == 'after_warmup' else 'its second half'}: RSS "
-                             f"{g['rss_mib']:+,.0f} MiB, open fds {g['open_fds']:+,.0f}, data dir {g['data_dir_mib']:+,.0f} MiB"
+                             f"{g['rss_mib']:+,.0f} MiB (RocksDB {g['rocksdb_mib']:+,.0f}), open fds {g['open_fds']:+,.0f}, data dir {g['data_dir_mib']:+,.0f} MiB"
                              for part, g in parts.items())
             checks.append(("INFO", f"{name}, per hour, {text}"))
         return {**self.header(), "checks": checks, "growth_per_hour": growth, "rows": self.rows,
@@ -151,6 +158,9 @@ class Soak(fleet.PacedRun):
         p99 = [(r["t_min"], r["p99_ms"]) for r in first if r["p99_ms"] is not None]
         fleet.plot_timeline(path, f"memstream soak: {len(self.names)} workers, {res['rate']:,.0f} records/s ({res['date']})", [
             ("RSS, MiB", per_worker("rss_mib"), False),
+            ("RocksDB's memory, MiB", per_worker("rocksdb_mib"), False),
+            ("RSS less RocksDB's, MiB", per_worker("rss_less_rocksdb_mib"), False),
+            ("Python's allocated blocks", per_worker("python_blocks"), False),
             ("open fds", per_worker("open_fds"), False),
             ("data dir, MiB", per_worker("data_dir_mib"), False),
             ("lag (records)", {"lag": ([t for t, _ in res["lag_every_5s"]], [v for _, v in res["lag_every_5s"]])}, False),
@@ -167,10 +177,10 @@ def markdown(res: dict) -> str:
              f"{res['args']['minutes']:g} minutes, {res['args']['workers']} workers, {res['partitions']} partitions, "
              f"{res['users']} users; sustained rate {res['sustained_rate'] or '–'} records/s, sent at {res['rate']:,.0f}/s; "
              f"{res['inputs']:,} inputs.", "",
-             "| min | worker | RSS MiB | open fds | data dir MiB | nodes loaded | state keys | lag | committed/s | p99 ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| min | worker | RSS MiB | RocksDB MiB | open fds | data dir MiB | nodes loaded | state keys | lag | committed/s | p99 ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
-        lines.append(f"| {r['t_min']:.1f} | {r['worker']} | {r['rss_mib']:,.0f} | {r['open_fds']} | {r['data_dir_mib']:,.0f} | "
+        lines.append(f"| {r['t_min']:.1f} | {r['worker']} | {r['rss_mib']:,.0f} | {_n(r.get('rocksdb_mib'))} | {r['open_fds']} | {r['data_dir_mib']:,.0f} | "
                      f"{_n(r.get('nodes_loaded'))} | {_n(r.get('state_keys'))} | "
                      f"{r['lag']:,} | {r['committed_per_s']:,.0f} | {r['p99_ms'] if r['p99_ms'] is not None else '–'} |")
     lines += ["", *[f"- {verdict}: {text}" for verdict, text in res["checks"]]]

@@ -17,6 +17,10 @@ and `WorkerCollector`, a collector of what Faust knows at scrape time:
 - `memstream_table_keys{table}`: keys of each table in this worker's active partitions (RocksDB
   counts by iterating its keys, so when that takes over 50 ms the figure is cached for
   `TABLE_SIZE_TTL_S`; the `memory://` store also counts the keys of its standby partitions).
+- `memstream_rocksdb_memory_bytes{kind}`: memory RocksDB holds for the tables' open partition
+  stores (standby copies included), by kind: `memtables`, `block_cache`, `table_readers` (each
+  store's are bounded by MEMSTREAM_ROCKSDB_*; the sum grows with the stores a worker holds), and
+  `memstream_python_allocated_blocks` (the interpreter's objects): what a worker's RSS is made of.
 - `memstream_recovery_in_progress`, `memstream_recovery_active_remaining_offsets`,
   `memstream_recovery_standby_remaining_offsets`, `memstream_ready`, `memstream_rebalancing`,
   `memstream_assigned_partitions{kind=active|standby}`.
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
@@ -50,6 +55,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from streams.api.http import SCOPE_OPS, ApiView, authenticated, runtime_of
+from streams.runtime import faust_internals
 from streams.runtime.faust_internals import committed_offset
 from streams.runtime.metrics import CONTENT_TYPE, metric_name
 
@@ -243,7 +249,28 @@ class _TableSizes:
         return self.sizes
 
 
-def worker_families(h: Health | None, lags: list[PartitionLag], table_sizes: dict[str, int]) -> list[GaugeMetricFamily]:
+def rocksdb_memory(rt: Runtime) -> dict[str, int]:
+    """`faust_internals.rocksdb_memory` over every table's RocksDB store (none: {}); with the
+    worker's shared budget (`Runtime.rocksdb_shared`), its cache counted once: the blocks in it
+    (what it holds less the memtables' reservations) as `block_cache`."""
+    total: dict[str, int] = {}
+    shared = rt.rocksdb_shared
+    if shared is not None:
+        total["block_cache"] = max(0, int(shared.cache.get_usage()) - int(shared.write_buffers.get_usage()))
+    for name, table in rt.tables.items():
+        store = faust_internals.rocksdb_store(table)
+        if store is None:
+            continue
+        try:
+            for kind, n in faust_internals.rocksdb_memory(store).items():
+                total[kind] = total.get(kind, 0) + n
+        except Exception as exc:  # noqa: BLE001 - a store closing during a rebalance: skip this scrape's figure
+            log.debug("table %s: RocksDB memory unavailable: %s", name, exc)
+    return total
+
+
+def worker_families(h: Health | None, lags: list[PartitionLag], table_sizes: dict[str, int],
+                    rocksdb: dict[str, int] | None = None) -> list[GaugeMetricFamily]:
     """The Faust-derived gauges of one scrape (`h` None: the families without samples, which is
     what `WorkerCollector.describe` answers)."""
     def gauge(name: str, help_text: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
@@ -267,6 +294,10 @@ def worker_families(h: Health | None, lags: list[PartitionLag], table_sizes: dic
     tables = gauge("table_keys", "Keys in each table's locally held partitions.", ("table",))
     for name in sorted(table_sizes):
         tables.add_metric([name], table_sizes[name])
+    rocks = gauge("rocksdb_memory_bytes", "Memory RocksDB holds for the tables' open partition stores (standby copies "
+                  "included), by kind: memtables, block_cache, table_readers.", ("kind",))
+    for kind, n in sorted((rocksdb or {}).items()):
+        rocks.add_metric([kind], n)
     scalars = [  # (name, help, Health attribute)
         ("recovery_in_progress", "1 while the worker restores table partitions from their changelogs.",
          "recovery_in_progress"),
@@ -277,7 +308,11 @@ def worker_families(h: Health | None, lags: list[PartitionLag], table_sizes: dic
         ("rebalancing", "1 while the consumer group is rebalancing.", "rebalancing"),
         ("ready", "1 when /health answers ready.", "ready"),
     ]
-    out = [committed, highwater, lag, tables]
+    blocks = gauge("python_allocated_blocks", "Memory blocks the Python interpreter has allocated (sys.getallocatedblocks: "
+                   "its objects, not RocksDB's or librdkafka's memory).")
+    if h is not None:
+        blocks.add_metric([], float(sys.getallocatedblocks()))
+    out = [committed, highwater, lag, tables, rocks, blocks]
     for name, help_text, attr in scalars:
         fam = gauge(name, help_text)
         if h is not None:
@@ -314,7 +349,8 @@ class WorkerCollector(Collector):
 
     def collect(self) -> list[GaugeMetricFamily]:
         h = health(self.rt)
-        return worker_families(h, self.lags if h.status != "stopping" else [], self.sizes.get(self.rt))
+        return worker_families(h, self.lags if h.status != "stopping" else [], self.sizes.get(self.rt),
+                               rocksdb_memory(self.rt))
 
 
 blueprint = Blueprint("health")

@@ -156,6 +156,9 @@ class Runtime:
         self._direct_stores: dict[str, Any] = {}  # table name -> its RocksDB store, or None (`write_rows`)
         #: the rows of the updates-only tables written directly, kept decoded (`read_row`)
         self.row_cache = DecodedRows(settings.row_cache_bytes)
+        #: every table store's RocksDB memory, one budget (None: each store bounded on its own)
+        self.rocksdb_shared = (faust_internals.SharedRocksDBMemory(settings.rocksdb_memory_bytes)
+                               if settings.rocksdb_memory_bytes > 0 and settings.store.startswith("rocksdb:") else None)
         for signal in (self.app.on_partitions_assigned, self.app.on_partitions_revoked, self.app.on_rebalance_complete):
             signal.connect(self._forget_rows)
         #: this worker's standby replicas of its RocksDB tables, applied outside Faust's per-record
@@ -180,12 +183,17 @@ class Runtime:
             return self.inputs[names[0]]
         return self.app.topic(*names, key_serializer="raw", value_serializer="raw")
 
-    def rocksdb_options(self) -> dict[str, int]:
+    def rocksdb_options(self) -> dict[str, Any]:
         """The memory bounds of every table partition store (faust `RocksDBOptions` keywords; the
-        restore ahead opens its stores with the same, `store.rocksdb_options`)."""
-        return {"write_buffer_size": self.settings.rocksdb_write_buffer_bytes,
-                "max_write_buffer_number": self.settings.rocksdb_write_buffers,
-                "block_cache_size": self.settings.rocksdb_block_cache_bytes}
+        restore ahead opens its stores with the same, `store.rocksdb_options`), and the worker's
+        shared budget when there is one (`faust_internals.share_rocksdb_memory`)."""
+        options: dict[str, Any] = {"write_buffer_size": self.settings.rocksdb_write_buffer_bytes,
+                                   "max_write_buffer_number": self.settings.rocksdb_write_buffers,
+                                   "block_cache_size": self.settings.rocksdb_block_cache_bytes}
+        if self.rocksdb_shared is not None:
+            faust_internals.share_rocksdb_memory()
+            options[faust_internals.SHARED_MEMORY_OPTION] = self.rocksdb_shared
+        return options
 
     def table(self, name: str) -> faust.types.TableT:
         """A table keyed by the UTF-8 message key (same bytes as the source key, so its changelog

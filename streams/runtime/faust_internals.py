@@ -496,6 +496,82 @@ def rocksdb_open_partitions(store: Any) -> list[int]:
     return list(store._dbs)
 
 
+#: the table option (a `SharedRocksDBMemory`) that `share_rocksdb_memory` gives every store it opens
+SHARED_MEMORY_OPTION = "memstream_shared_memory"
+
+
+class SharedRocksDBMemory:
+    """One RocksDB memory budget for every partition store of a worker: one LRU block cache of
+    `capacity` bytes shared by every store, with the stores' memtables charged to it by one write
+    buffer manager (memtables at most half of it: past that RocksDB flushes the largest), so what
+    RocksDB holds is bounded by `capacity` whatever the number of stores (tables × partitions,
+    active and standby) a worker holds. Kafka Streams bounds its stores the same way (a shared
+    `Cache` and `WriteBufferManager` in a `RocksDBConfigSetter`)."""
+
+    def __init__(self, capacity: int) -> None:
+        import rocksdict
+
+        self.capacity = capacity
+        self.cache = rocksdict.Cache(capacity)
+        self.write_buffers = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
+            capacity // 2, False, self.cache)
+
+
+def share_rocksdb_memory() -> None:
+    """Open every RocksDB store whose table options carry a `SharedRocksDBMemory`
+    (`SHARED_MEMORY_OPTION`) with that budget's block cache and write buffer manager.
+
+    faust-streaming 0.15.3 `RocksDBOptions.as_options` (rocksdict driver) builds each store's
+    options with a block cache of its own (`Cache(block_cache_size)`) and keeps the table
+    options it does not know in `extra_options` (unused by that driver); this wraps that method
+    (once, for the class) to set the shared cache and the write buffer manager instead, with
+    Faust's other table options (bloom filter, index type). Faust's stores and the restore
+    ahead's (`RocksDBOptions.open`) both open through it."""
+    from faust.stores.rocksdb import RocksDBOptions
+
+    if getattr(RocksDBOptions.as_options, "memstream_shared_memory", False):
+        return
+    as_options = RocksDBOptions.as_options
+
+    def shared_as_options(self: Any) -> Any:
+        options = as_options(self)
+        shared = self.extra_options.get(SHARED_MEMORY_OPTION) if self.use_rocksdict else None
+        if shared is not None:
+            import rocksdict
+
+            table = rocksdict.BlockBasedOptions()
+            table.set_bloom_filter(self.bloom_filter_size, block_based=True)
+            table.set_block_cache(shared.cache)
+            table.set_index_type(rocksdict.BlockBasedIndexType.binary_search())
+            options.set_block_based_table_factory(table)
+            options.set_write_buffer_manager(shared.write_buffers)
+        return options
+
+    shared_as_options.memstream_shared_memory = True  # type: ignore[attr-defined]
+    RocksDBOptions.as_options = shared_as_options  # type: ignore[method-assign]
+
+
+#: `rocksdb_memory`'s kinds: RocksDB's property for each (per partition store, summed)
+ROCKSDB_MEMORY_PROPERTIES = {"memtables": "rocksdb.cur-size-all-mem-tables",
+                             "block_cache": "rocksdb.block-cache-usage",
+                             "table_readers": "rocksdb.estimate-table-readers-mem"}
+
+
+def rocksdb_memory(store: Any) -> dict[str, int]:
+    """Bytes of memory RocksDB itself holds for the store's open partition stores (standby copies
+    too), by kind (`ROCKSDB_MEMORY_PROPERTIES`): memtables, block cache (one per partition store:
+    `RocksDBOptions.as_options` makes a `Cache` per open), index and filter blocks of the SST files.
+    A store with a shared budget (`SharedRocksDBMemory`) counts no block cache here: that cache is
+    the worker's, counted once by its owner."""
+    shared = store.rocksdb_options.extra_options.get(SHARED_MEMORY_OPTION) is not None
+    out = dict.fromkeys(ROCKSDB_MEMORY_PROPERTIES, 0)
+    for db in list(store._dbs.values()):
+        for kind, prop in ROCKSDB_MEMORY_PROPERTIES.items():
+            if not (shared and kind == "block_cache"):
+                out[kind] += int(db.property_int_value(prop) or 0)
+    return out
+
+
 def rocksdb_value_decoder(store: Any) -> Callable[[bytes], Any]:
     """The store's decoder of a stored value (faust-streaming 0.15.3 `Store._decode_value`: the
     table's value serializer)."""

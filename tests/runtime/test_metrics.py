@@ -119,7 +119,8 @@ class Fixed:
 def full_text(status="ready") -> str:
     lags = [PartitionLag("graph.events.v1", 0, 10, 12), PartitionLag("graph.events.v1", 1, None, 3)]
     m = sample_metrics()
-    m.registry.register(Fixed(worker_families(health(status), lags, {"graph-state": 4, "memory-nodes": 0})))
+    m.registry.register(Fixed(worker_families(health(status), lags, {"graph-state": 4, "memory-nodes": 0},
+                                              {"memtables": 2048, "block_cache": 0, "table_readers": 16})))
     return m.render().decode()
 
 
@@ -142,6 +143,8 @@ def test_exposition_is_strictly_valid_and_has_every_family():
     # a partition whose committed offset is unknown has a highwater but no lag sample
     assert ("memstream_consumer_lag", (("partition", "1"), ("topic", "graph.events.v1"))) not in samples
     assert samples[("memstream_table_keys", (("table", "graph-state"),))] == 4
+    assert samples[("memstream_rocksdb_memory_bytes", (("kind", "memtables"),))] == 2048
+    assert samples[("memstream_python_allocated_blocks", ())] > 1000
     assert samples[("memstream_ready", ())] == 1
     # the undeclared family got a valid name and its label value survived escaping
     assert samples[("memstream_odd_family_x_total", (("label", 'a \\"quoted\\" \\\\ back\\nslash'),))] == 1
