@@ -31,7 +31,7 @@ eager rebuild of every user did, so it decides exactly as before (tests/agents/t
 compares the two on generated tables).
 
 Bound (`UserCache`): the loaded users' weights (`weight`: live and held nodes, a 32nd of the
-other closed nodes, + 1) add up to at most
+other closed nodes and of the de-duplication window's ids, + 1) add up to at most
 `max_nodes`, except that a *pinned* user is never evicted (the memory agent pins every user its
 current batch touched until that batch's rows are written: its `UserMemory` holds the batch's
 effects, which the table does not have yet) and the user just loaded stays even when it alone is
@@ -58,8 +58,9 @@ DELETED_ID_KEY = "~del/"  #: `<user>/~del/<node_id>`: a deleted node id (row: 1)
 DELETED_FP_KEY = "~fp/"  #: `<user>/~fp/<sha256>`: a deleted content fingerprint (row: 1)
 PIN_KEY = "~pin/"  #: `<user>/~pin/<node_id>`: the latest memory_pinned of a node (row: the Pin)
 HISTORY_KEY = "~h/"  #: `<user>/~h/<node_id>`: a closed (superseded) node (row: the node)
-#: a closed node costs this fraction of a node against the bound (its id in a set: ~100 bytes,
-#: against ~3-10 KB for a live node with its similarity index entries)
+#: an id held without its node (a closed node's, one of the de-duplication window) costs this
+#: fraction of a node against the bound (~100-200 bytes, against ~3-10 KB for a live node with
+#: its similarity index entries)
 HISTORY_WEIGHT_DIVISOR = 32
 SIDE_PREFIXES = (DELETED_ID_KEY, DELETED_FP_KEY, PIN_KEY)
 _INTERNAL = (SEEN_CHUNK_KEY, *SIDE_PREFIXES)  #: row suffixes that are not node ids
@@ -227,9 +228,12 @@ def group_rows(rows: Iterable[tuple[str, Any]]) -> dict[str, list[tuple[str, Any
 
 def weight(um: UserMemory) -> int:
     """What a loaded user counts against the bound: its live nodes, the closed ones held in
-    memory, a `HISTORY_WEIGHT_DIVISOR`th of the closed ones only known by id, + 1."""
+    memory, a `HISTORY_WEIGHT_DIVISOR`th of the ids it holds without their node — the closed
+    nodes only known by id and the ids of its de-duplication window (up to
+    MEMSTREAM_DEDUP_MAX_IDS, ~200 bytes each) — + 1."""
     held = um.closed.held
-    return len(um.live) + held + -(-(len(um.closed) - held) // HISTORY_WEIGHT_DIVISOR) + 1
+    ids = len(um.closed) - held + len(um.seen)
+    return len(um.live) + held + -(-ids // HISTORY_WEIGHT_DIVISOR) + 1
 
 
 class UserCache:

@@ -81,7 +81,7 @@ GAUGE_HELP: dict[str, str] = {
     "memory_users_contained": "Users whose memory state could not be rebuilt on this worker (records dead-lettered, queries 503), among the users read since the last rebalance (a user is read on first touch).",
     "memory_foreign_rows": "memory-state rows skipped because their owner differs from their key, among the users read since the last rebalance.",
     "memory_users_loaded": "Users whose memory state this worker holds loaded (the LRU bounded by MEMSTREAM_LOADED_NODES_MAX).",
-    "memory_nodes_loaded": ("Live nodes (+1 per user, + a 32nd of their superseded nodes, read on demand) of the loaded users, "
+    "memory_nodes_loaded": ("Live nodes (+1 per user, + a 32nd of the superseded nodes' and de-duplication ids they hold) of the loaded users, "
                             "the figure bounded by MEMSTREAM_LOADED_NODES_MAX (pinned users of the running batch may exceed it)."),
 }
 

@@ -343,13 +343,21 @@ def test_the_bound_must_be_positive():
         UserCache(max_nodes=0)
 
 
-def test_closed_nodes_only_known_by_id_weigh_a_fraction_of_a_node():
+def test_ids_held_without_their_node_weigh_a_fraction_of_a_node():
+    """Closed nodes known by id and the de-duplication window's ids: a 32nd each (so the bound
+    also bounds them: a user's window holds up to MEMSTREAM_DEDUP_MAX_IDS ids)."""
     um = grown("u", 3)
     for i in range(70):
         um.closed.know(f"h-{i}")
     um.closed.hold({**NODE, "motebit_id": "u", "node_id": "h-0", "valid_until": 5})
     assert um.closed.held == 1 and len(um.closed) == 70
     assert weight(um) == 3 + 1 + -(-69 // HISTORY_WEIGHT_DIVISOR) + 1 == 8
+    for i in range(100):
+        um.seen.add(f"c:{i}", 1000 + i)
+    assert weight(um) == 3 + 1 + -(-(69 + 100) // HISTORY_WEIGHT_DIVISOR) + 1 == 11
+    cache = UserCache(max_nodes=20)
+    cache.put("u", um)
+    assert cache.total == 11
 
 
 # ------------------------------------------------------------------- history read on demand
