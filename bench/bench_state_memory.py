@@ -39,24 +39,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench.fleet import candidate_stream  # noqa: E402
 from streams.agents import memory_step  # noqa: E402
-from streams.agents.user_cache import HISTORY_KEY, node_rows, weight  # noqa: E402
+from streams.agents.user_cache import HISTORY_KEY, TableHistory, node_rows, weight  # noqa: E402
 from streams.analytics import windows  # noqa: E402
 from streams.contracts import catalog  # noqa: E402
 from streams.core import UserMemory  # noqa: E402
 from streams.settings import Settings  # noqa: E402
-
-
-class TableHistory:
-    """A user's closed nodes in a dict table (what RocksDB holds for the worker)."""
-
-    def __init__(self, table: dict[str, Any], user: str) -> None:
-        self.table, self.prefix = table, f"{user}/{HISTORY_KEY}"
-
-    def get(self, node_id: str) -> dict | None:
-        return self.table.get(self.prefix + node_id)
-
-    def all(self) -> list[dict]:
-        return [v for k, v in self.table.items() if k.startswith(self.prefix)]
 
 
 def deep_size(roots: Iterable[Any], seen: set[int]) -> int:

@@ -43,6 +43,7 @@ from streams.core import (
 from streams.core.erasure import ErasurePolicy, erase_step, validate_erase_request
 from streams.core.housekeeping import HousekeepingPolicy, sweep_memory
 from streams.core.negotiator import forgotten_fingerprints, handle_request, nodes_to_forget, validate_request
+from streams.core.state import MissingHistory
 from streams.runtime.checkpoint import Checkpoint
 from streams.runtime.handlers import Rejected
 from streams.runtime.topology import Processor, Timer
@@ -203,12 +204,16 @@ def register(rt: Runtime) -> MemoryAgent:
         after = slices.start(partition)
         for user, um, redo, rows in store.partition_users(partition, lambda rows: may_expire(rows, now_ms, retention),
                                                           after, lambda list_them: slices.users(partition, list_them)):
+            out = None
             if um is not None:
-                out = sweep_memory(um, now_ms, retention)
-                if out.ledger or out.node_deletions:
-                    store.keep(user, um, redo)
-                    rt.count("housekeeping:deleted", len(out.node_deletions))
-                    await emit(cp, user, um, out)
+                try:
+                    out = sweep_memory(um, now_ms, retention)
+                except MissingHistory:  # the user is contained now (`StoredHistory.lost`): the sweep goes on
+                    pass
+            if um is not None and out is not None and (out.ledger or out.node_deletions):
+                store.keep(user, um, redo)
+                rt.count("housekeeping:deleted", len(out.node_deletions))
+                await emit(cp, user, um, out)
             if slices.read(partition, user, rows):
                 return
             await asyncio.sleep(0)

@@ -65,18 +65,23 @@ def row_owner(key: str) -> str:
 
 class StoredHistory:
     """A user's closed nodes as `memory-state` holds them (`<user>/~h/<node_id>`), read on demand
-    (`streams.core.state.HistoryReader`)."""
+    (`streams.core.state.HistoryReader`); a node it lost or holds unreadable contains the user
+    (`MemoryStore.contain`), as a row that cannot be read when the user is loaded does."""
 
-    def __init__(self, table: Any, user: str, partition: int, count: Callable[[str], None]) -> None:
-        self.table, self.user, self.partition, self.count = table, user, partition, count
+    def __init__(self, store: MemoryStore, user: str, partition: int) -> None:
+        self.store, self.user, self.partition = store, user, partition
 
-    def get(self, node_id: str) -> dict[str, Any] | None:
-        self.count("memory_history_reads:node")
-        return state_scan.user_row(self.table, node_key(self.user, HISTORY_KEY + node_id), self.partition)
+    def get(self, node_id: str) -> Any:
+        self.store.rt.count("memory_history_reads:node")
+        return state_scan.user_row(self.store.state, node_key(self.user, HISTORY_KEY + node_id), self.partition)
 
-    def all(self) -> list[dict[str, Any]]:
-        self.count("memory_history_reads:range")
-        return [row for _key, row in state_scan.user_history(self.table, self.user, self.partition)]
+    def all(self) -> list[tuple[str, Any]]:
+        self.store.rt.count("memory_history_reads:range")
+        skip = len(node_key(self.user, HISTORY_KEY))
+        return [(key[skip:], row) for key, row in state_scan.user_history(self.store.state, self.user, self.partition)]
+
+    def lost(self, node_id: str, why: str) -> None:
+        self.store.contain(self.user, f"closed node {node_id[:200]!r}: {why}")
 
 
 class UserContained(Exception):
@@ -185,7 +190,7 @@ class MemoryStore:
         if rows is None:
             rows = state_scan.user_rows(self.state, motebit_id, partition, history=False)
         loaded = load_user(motebit_id, rows, dedup_max_ids=self.rt.settings.dedup_max_ids,
-                           index_config=self.index_config, history=StoredHistory(self.state, motebit_id, partition, self.rt.count))
+                           index_config=self.index_config, history=StoredHistory(self, motebit_id, partition))
         if loaded.foreign:
             if motebit_id not in self.foreign:
                 log.warning("memory state of %r: skipped %d rows whose owner differs from their key (left by a "
@@ -193,12 +198,25 @@ class MemoryStore:
                             motebit_id[:200], loaded.foreign, NODE_KEY_SEP)
             self.foreign[motebit_id] = loaded.foreign
         if loaded.memory is None:
-            if motebit_id not in self.corrupt:
-                log.error("memory state of user %r cannot be rebuilt (%s): its records are dead-lettered and its "
-                          "queries answer 503 until the rows are repaired", motebit_id[:200], loaded.corrupt)
-            self.corrupt[motebit_id] = loaded.corrupt or "unreadable rows"
-            self._gauges()
+            self.contain(motebit_id, loaded.corrupt or "unreadable rows")
         return loaded.memory, loaded.redo
+
+    def containment(self, motebit_id: str) -> UserContained:
+        """The error of a contained user (its records' dead letters, its queries' 503)."""
+        return UserContained(motebit_id, self.corrupt.get(motebit_id, "unreadable rows"))
+
+    def contain(self, motebit_id: str, why: str) -> None:
+        """The user's rows cannot be rebuilt (or, read later, a node of its history): its records
+        are dead-lettered (`UserContained`) and its queries answer 503 until an operator repairs
+        the rows; every other user is served. A loaded copy is dropped (a batch attempt that held
+        it fails with the error that contained it, and is applied again without it)."""
+        self.users.drop([motebit_id])
+        self.redo.pop(motebit_id, None)
+        if motebit_id not in self.corrupt:
+            log.error("memory state of user %r cannot be rebuilt (%s): its records are dead-lettered and its "
+                      "queries answer 503 until the rows are repaired", motebit_id[:200], why)
+        self.corrupt[motebit_id] = why
+        self._gauges()
 
     def _keep(self, motebit_id: str, um: UserMemory, redo: dict, pin: bool) -> None:
         """Cache a loaded user with its redo log (rewritten by its next write: `stage`); `pin`
@@ -215,12 +233,12 @@ class MemoryStore:
         through) the user is pinned until the attempt is written."""
         self._readable()
         if motebit_id in self.corrupt:
-            raise UserContained(motebit_id, self.corrupt[motebit_id])
+            raise self.containment(motebit_id)
         um = self.users.get(motebit_id, pin=cp is not None)
         if um is None:
             um, redo = self._load(motebit_id)
             if um is None:
-                raise UserContained(motebit_id, self.corrupt[motebit_id])
+                raise self.containment(motebit_id)
             self._keep(motebit_id, um, redo, pin=cp is not None)
         return um
 

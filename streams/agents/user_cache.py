@@ -48,7 +48,7 @@ from typing import Any
 
 from streams.core import UserMemory
 from streams.core.housekeeping import HousekeepingPolicy, prune_reason
-from streams.core.nodes import NODE_FIELDS, complete_node
+from streams.core.nodes import NODE_FIELDS, complete_node, is_open
 from streams.core.similarity import IndexConfig
 from streams.core.state import HistoryReader, SideChanges
 
@@ -72,7 +72,7 @@ def node_rows(node: dict[str, Any]) -> dict[str, Any]:
     closed one under `~h/<node_id>`, its row under its id deleted (it was live before, or
     written there by an earlier version)."""
     nid = node["node_id"]
-    if node.get("valid_until") is None:
+    if is_open(node):
         return {nid: node}
     return {HISTORY_KEY + nid: node, nid: None}
 
@@ -80,6 +80,26 @@ def node_rows(node: dict[str, Any]) -> dict[str, Any]:
 def deletion_rows(node_id: str) -> dict[str, Any]:
     """The rows of a deleted node: wherever it was (a delete of an absent row writes nothing)."""
     return {node_id: None, HISTORY_KEY + node_id: None}
+
+
+class TableHistory:
+    """A `HistoryReader` over `memory-state` rows held in a mapping (key → row), for code that
+    runs the rules without a worker (tests, benches); `MemoryStore.StoredHistory` reads the
+    same keys out of RocksDB. `lost` only records what the state reported."""
+
+    def __init__(self, table: dict[str, Any], user: str) -> None:
+        self.table, self.prefix = table, f"{user}{KEY_SEP}{HISTORY_KEY}"
+        self.lost_ids: dict[str, str] = {}
+
+    def get(self, node_id: str) -> Any:
+        return self.table.get(self.prefix + node_id)
+
+    def all(self) -> list[tuple[str, Any]]:
+        return [(key[len(self.prefix):], row) for key, row in self.table.items()
+                if key.startswith(self.prefix) and row is not None]
+
+    def lost(self, node_id: str, why: str) -> None:
+        self.lost_ids[node_id] = why
 
 
 def chunk_rows(sealed: dict[int, list], dropped: list[int]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from streams.core.ingest import REDACTED_CONTENT
 from streams.core.limits import LimitExceeded, check_id
 from streams.core.negotiator import forget_result_of
 from streams.core.redaction import threshold_for
+from streams.core.state import MissingHistory
 from streams.core.vocabulary import SENSITIVITY_LEVELS
 from streams.runtime.topology import Producer
 
@@ -92,12 +93,15 @@ class UserNodes(MemoryView):
         except BadRequest as exc:
             return self.problem(400, str(exc))
         include = set(filter(None, request.query.get("include", "").split(",")))
-        if as_of is not None:
-            nodes = um.as_of(as_of)
-        elif "superseded" in include:
-            nodes = list(um.nodes())
-        else:
-            nodes = list(um.live_nodes())
+        try:
+            if as_of is not None:
+                nodes = um.as_of(as_of)
+            elif "superseded" in include:
+                nodes = list(um.nodes())
+            else:
+                nodes = list(um.live_nodes())
+        except MissingHistory:  # the user is contained now (StoredHistory.lost): as for unreadable rows
+            return self.unavailable(str(self.agent.store.containment(motebit_id)))
         shown = sorted((mask_node(n, allowed) for n in nodes), key=lambda n: (n["valid_from"], n["node_id"]))
         return self.reply({"motebit_id": motebit_id, "as_of": as_of, "nodes": shown})
 
@@ -114,6 +118,8 @@ class OneNode(MemoryView):
             node = self.agent.store.user(motebit_id).node(node_id)
         except UserContained as exc:
             return self.unavailable(str(exc))
+        except MissingHistory:  # contained now, as above
+            return self.unavailable(str(self.agent.store.containment(motebit_id)))
         if node is None:
             return self.problem(404, f"no node {node_id} for {motebit_id}")
         return self.reply(mask_node(node, allowed))

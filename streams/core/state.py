@@ -60,19 +60,23 @@ def as_pin(value: Any) -> Pin:
 class HistoryReader(Protocol):
     """How :class:`History` reads a closed node that it does not hold (the shell's store)."""
 
-    def get(self, node_id: str) -> dict[str, Any] | None:
+    def get(self, node_id: str) -> Any:
         """The closed node ``node_id`` as stored, or None when the store has no such node."""
 
-    def all(self) -> Iterable[dict[str, Any]]:
-        """Every closed node the store holds for this user (any order)."""
+    def all(self) -> Iterable[tuple[str, Any]]:
+        """``(node_id, stored row)`` of every closed node the store holds for this user."""
+
+    def lost(self, node_id: str, why: str) -> None:
+        """Told before :class:`MissingHistory` is raised: a known closed node the store has not,
+        or holds unreadable (the shell contains the user, as for any row it cannot read)."""
 
 
 class MissingHistory(LookupError):
     """A closed node whose id the state knows cannot be read from the store (rows lost or
     changed by hand): the record that needed it fails rather than deciding on a partial history."""
 
-    def __init__(self, motebit_id: str, node_id: str) -> None:
-        super().__init__(f"closed node {node_id[:200]!r} of {motebit_id[:200]!r} is not in the memory state store")
+    def __init__(self, motebit_id: str, node_id: str, why: str = "not in the store") -> None:
+        super().__init__(f"closed node {node_id[:200]!r} of {motebit_id[:200]!r}: {why}")
 
 
 class History(Mapping[str, dict[str, Any]]):
@@ -109,10 +113,22 @@ class History(Mapping[str, dict[str, Any]]):
             return default
         node = self._held.get(node_id)
         if node is None:
-            node = self.reader.get(node_id) if self.reader is not None else None
-            if node is None:
-                raise MissingHistory(self.motebit_id, node_id)
+            node = self._readable(node_id, self.reader.get(node_id) if self.reader is not None else None)
         return node
+
+    def _readable(self, node_id: str, row: Any) -> dict[str, Any]:
+        """A stored row of ``node_id``, checked: a node of this user with that id, else
+        :class:`MissingHistory` (the reader told first)."""
+        if row is None:
+            self._lost(node_id, "not in the memory state store")
+        if not (isinstance(row, dict) and row.get("node_id") == node_id and row.get("motebit_id") == self.motebit_id):
+            self._lost(node_id, "its stored row is not a node of this user with this id")
+        return row
+
+    def _lost(self, node_id: str, why: str) -> None:
+        if self.reader is not None:
+            self.reader.lost(node_id, why)
+        raise MissingHistory(self.motebit_id, node_id, why)
 
     @property
     def held(self) -> int:
@@ -123,13 +139,12 @@ class History(Mapping[str, dict[str, Any]]):
         """Every closed node (held ones as held, the others read in one pass), in node_id order."""
         out = dict(self._held)
         if len(out) < len(self._ids) and self.reader is not None:
-            for node in self.reader.all():
-                nid = node["node_id"]
+            for nid, row in self.reader.all():
                 if nid in self._ids and nid not in out:
-                    out[nid] = node
+                    out[nid] = self._readable(nid, row)
         missing = self._ids - out.keys()
         if missing:
-            raise MissingHistory(self.motebit_id, min(missing))
+            self._lost(min(missing), "not in the memory state store")
         return [out[nid] for nid in sorted(out)]
 
     def know(self, node_id: str) -> None:

@@ -28,6 +28,7 @@ from streams.agents.user_cache import (
     SEEN_CHUNK_KEY,
     SIDE_PREFIXES,
     SweepSlices,
+    TableHistory,
     UserCache,
     chunk_rows,
     deletion_rows,
@@ -93,20 +94,6 @@ def eager_rebuild(items) -> tuple[dict[str, UserMemory], dict[str, str], int]:
         except Exception as exc:  # noqa: BLE001
             corrupt[u] = type(exc).__name__
     return cache, corrupt, foreign
-
-
-class TableHistory:
-    """A `HistoryReader` over a dict table in the `memory-state` layout (`MemoryStore`'s
-    `StoredHistory` reads the same keys out of RocksDB)."""
-
-    def __init__(self, table: dict[str, Any], user: str) -> None:
-        self.table, self.prefix = table, f"{user}/{HISTORY_KEY}"
-
-    def get(self, node_id: str) -> dict | None:
-        return self.table.get(self.prefix + node_id)
-
-    def all(self) -> list[dict]:
-        return [row for key, row in self.table.items() if key.startswith(self.prefix) and row is not None]
 
 
 def apply_rows(table: dict[str, Any], user: str, rows: dict[str, Any]) -> None:
@@ -388,15 +375,21 @@ def test_a_user_whose_history_is_released_after_each_write_decides_like_one_that
     assert expired
 
 
-def test_a_closed_node_the_store_lost_fails_the_rule_that_needs_it_by_name():
-    um = UserMemory("u")
-    um.closed.reader = TableHistory({}, "u")
-    um.closed.know("n-gone")
-    assert um.knows("n-gone") and len(um) == 1
-    with pytest.raises(MissingHistory, match="n-gone"):
-        um.node("n-gone")
-    with pytest.raises(MissingHistory, match="n-gone"):
-        list(um.nodes())
+@pytest.mark.parametrize("stored", [None, [1, 2], "node", {**NODE, "motebit_id": "u", "node_id": "n-other"},
+                                    {**NODE, "motebit_id": "v", "node_id": "n-gone"}])
+def test_a_closed_node_the_store_lost_or_garbled_fails_the_rule_that_needs_it_by_name(stored):
+    """A history row that is gone, not a node, another node's or another user's: the rule that
+    reads it (one node, or the whole history) raises `MissingHistory` naming the node, and the
+    reader is told first (the worker contains the user: `MemoryStore.contain`)."""
+    table = {} if stored is None else {f"u/{HISTORY_KEY}n-gone": stored}
+    for read in (lambda um: um.node("n-gone"), lambda um: list(um.nodes()), lambda um: um.as_of(5)):
+        um = UserMemory("u")
+        um.closed.reader = reader = TableHistory(table, "u")
+        um.closed.know("n-gone")
+        assert um.knows("n-gone") and len(um) == 1
+        with pytest.raises(MissingHistory, match="n-gone"):
+            read(um)
+        assert list(reader.lost_ids) == ["n-gone"]
 
 
 # ------------------------------------------------------------------------ RocksDB prefix scans

@@ -149,3 +149,6 @@ def test_the_bounds_refuse_values_rocksdb_cannot_use():
     with pytest.raises(SettingsError, match="MEMSTREAM_ROCKSDB_BLOCK_CACHE_BYTES=-1"):
         Settings(rocksdb_block_cache_bytes=-1)
     assert Settings(rocksdb_block_cache_bytes=0).rocksdb_block_cache_bytes == 0
+    with pytest.raises(SettingsError, match="MEMSTREAM_ROCKSDB_MEMORY_BYTES=-1"):
+        Settings(rocksdb_memory_bytes=-1)
+    assert Settings(rocksdb_memory_bytes=0).rocksdb_memory_bytes == 0  # 0: each store bounded on its own

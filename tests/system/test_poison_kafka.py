@@ -190,8 +190,10 @@ def _set_config(admin: AdminClient, topic: str, config: dict[str, str]) -> None:
 def test_a_user_whose_rows_cannot_be_rebuilt_is_contained_and_everybody_else_served(stack, unique):
     """A node row the core cannot read (written into the changelog by hand, as a bug or an
     older version might have) makes that one user unavailable — its records dead-lettered with
-    the reason, its queries 503 with Retry-After, the gauge at 1 — while other users are served."""
-    broken, fine = f"mb-broken-{unique}", f"mb-fine-{unique}"
+    the reason, its queries 503 with Retry-After, the gauge at 1 — while other users are served.
+    A history row that is not a node (`<user>/~h/<node_id>`, read only when asked for) contains
+    its user when a query or a sweep reads it: 503, not an error, and the gauge counts it too."""
+    broken, fine, garbled = f"mb-broken-{unique}", f"mb-fine-{unique}", f"mb-garbled-{unique}"
     sc = begin(stack, f"contain-{unique}", [(broken, {}), (fine, {})])
     fleet = fleet_for(sc, "fleet")
     changelog = f"{fleet.app_id}-memory-state-changelog"
@@ -199,6 +201,7 @@ def test_a_user_whose_rows_cannot_be_rebuilt_is_contained_and_everybody_else_ser
     admin.create_topics([NewTopic(changelog, stack.partitions, 1, config={"cleanup.policy": "compact"})])[changelog].result(30)
     p = Producer({"bootstrap.servers": stack.broker, "partitioner": "murmur2_random"})
     p.produce(changelog, key=f"{broken}/n-1".encode(), value=json.dumps({"motebit_id": broken, "node_id": "n-1"}).encode())
+    p.produce(changelog, key=f"{garbled}/~h/n-0".encode(), value=json.dumps([1, 2]).encode())
     assert p.flush(30) == 0
     fleet.start("a")
     produce(stack, catalog.MEMORY_CANDIDATES, [
@@ -212,8 +215,12 @@ def test_a_user_whose_rows_cannot_be_rebuilt_is_contained_and_everybody_else_ser
     assert status == 200 and [n["content"] for n in body["nodes"]] == ["A fact of the fine user."]
     got = _get_with_headers(port, f"/v1/memory/{broken}/nodes")
     assert got[0] == 503 and got[1].get("Retry-After") and "cannot be rebuilt" in got[2]
+    # contained by the first read of its history: a sweep's (every timer interval) or these queries'
+    for path in (f"/v1/memory/{garbled}/nodes?include=superseded", f"/v1/memory/{garbled}/nodes/n-0"):
+        got = _get_with_headers(port, path)
+        assert got[0] == 503 and "n-0" in got[2] and "not a node of this user" in got[2], (path, got)
     metrics = http_call(port, "GET", "/metrics", timeout=15)[2].decode()
-    assert "memstream_memory_users_contained 1" in metrics
+    assert "memstream_memory_users_contained 2" in metrics
     fleet.alive()
     fleet.stop_all()
     letters = read_outputs(stack, sc.outputs_start, kafkatools.end_offsets(stack, OUTPUTS)).dead_letters
