@@ -135,6 +135,7 @@ class Settings:
     apicurio_version: str = field(default="3.3.3", metadata={"doc": "Apicurio Registry version fetched from Maven Central."})
     controller_port: int = field(default=19093, metadata={"doc": "KRaft controller port of the local broker."})
     registry_java: str = field(default="", metadata={"doc": "java binary for Apicurio (needs Java 21+); empty = search JAVA_HOME and /usr/lib/jvm."})
+    kafka_jvm_options: str = field(default="-Xms256m -Xmx1g -XX:+UseG1GC", metadata={"doc": "JVM options of the local broker (`dev up`), split like a shell line. The test suite uses `-Xms256m -Xmx1g -XX:+UseSerialGC -XX:TieredStopAtLevel=1`: C1 only and the serial collector, about half the broker's CPU for its short-lived stacks."})
     stack_timeout: float = field(default=120.0, metadata={"doc": "Seconds `dev up` waits for each service to answer."})
 
     # ------------------------------------------------------------------------------------

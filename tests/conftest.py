@@ -56,6 +56,9 @@ TEST_ENV = {
     # core's compiled loops: each start skips their warm-up (~1 s of CPU); a batch that needs them
     # loads them then. The warm-up itself: tests/core/test_warmup.py.
     "MEMSTREAM_WARM_UP": "false",
+    # a broker that lives minutes: C1 only and the serial collector, half its CPU (start-up JIT and
+    # G1's threads) on the 2-vCPU machine the suite must fit in 10 minutes on
+    "MEMSTREAM_KAFKA_JVM_OPTIONS": "-Xms256m -Xmx1g -XX:+UseSerialGC -XX:TieredStopAtLevel=1",
 }
 #: Every worker's data dir (RocksDB tables) lives under here, one per worker (tests/kafka_util.py
 #: `worker`, tests/system/test_faults_kafka.py `Fleet`); wiped with the broker at the start of a session:

@@ -127,3 +127,19 @@ def test_kafka_cluster_ids_never_look_like_options():
     ids = {_kafka_cluster_id() for _ in range(2000)}  # ~1 in 64 raw ids starts with "-"
     assert len(ids) == 2000 and not any(i.startswith("-") for i in ids)
     assert all(len(i) == 22 for i in ids)
+
+
+def test_kafka_jvm_options_split_like_a_shell_line_and_a_broken_line_is_named():
+    from streams.tools.devstack import StackError, _jvm_options
+
+    assert _jvm_options("-Xmx1g  -Dx='a b'") == ["-Xmx1g", "-Dx=a b"]
+    with pytest.raises(StackError, match="MEMSTREAM_KAFKA_JVM_OPTIONS cannot be split"):
+        _jvm_options("-Dx='unclosed")
+
+
+def test_the_suites_broker_runs_with_the_light_jvm_options(stack):
+    """The session's broker was started with the suite's options (C1 only, serial collector)."""
+    pid = int((Path(stack.stack_dir) / "kafka.pid").read_text())
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert b"-XX:TieredStopAtLevel=1" in argv and b"-XX:+UseSerialGC" in argv
+    assert b"-XX:+UseG1GC" not in argv
