@@ -801,11 +801,12 @@ def percentile(sorted_ms: list[float], q: float) -> float:
 
 
 def latency_run(settings: Settings, load: list[Record], state: list[StateRow], base: Throughput, rate: float,
-                seconds: float, run: Path) -> Latency:
-    """The load's first records at `rate`/s (default: half `base`'s rate) through one worker of `base`'s store."""
+                seconds: float, run: Path, n: int = 0) -> Latency:
+    """The load's first records at `rate`/s (default: half `base`'s rate) through one worker of `base`'s store
+    (a new application id per run `n`: `--latency-rate 0,0,0,0,0` is five runs from a cold start)."""
     rate = rate or base.rate / 2
     records = load[: max(2, int(rate * seconds))]
-    app_id = f"{run.name}-latency-{rate:.0f}"
+    app_id = f"{run.name}-latency-{rate:.0f}" + (f"-{n + 1}" if n else "")
     say(f"\n== latency: {len(records):,} records at {rate:,.0f}/s through one worker, {base.store} (app id {app_id})")
     workers = start_workers(settings, app_id, 1, base.store, run, state)
     try:
@@ -821,7 +822,7 @@ def latency_run(settings: Settings, load: list[Record], state: list[StateRow], b
         stop(workers)
     result = match_latencies(settings, records, sent, tap.seen, rate, base.store)
     result.busy = busy
-    write_latency_series(run / f"latency-{rate:.0f}.tsv", result)
+    write_latency_series(run / f"{app_id.removeprefix(run.name + '-')}.tsv", result)
     say(f"   visible p50 {percentile(result.visible_ms, .5):,.0f} ms, p99 {percentile(result.visible_ms, .99):,.0f} ms "
         f"({result.matched:,} inputs matched); p50 first quarter {percentile(result.early_ms, .5):,.0f} ms, "
         f"last quarter {percentile(result.late_ms, .5):,.0f} ms; p99 after the first quarter "
@@ -1159,8 +1160,8 @@ def run_all(settings: Settings, args: argparse.Namespace, run: Path) -> None:
         report_profile(profile)
     latencies = []
     if args.latency_seconds > 0 and runs:
-        latencies = [latency_run(settings, load, state, runs[0], float(rate), args.latency_seconds, run)
-                     for rate in args.latency_rate.split(",") if rate]
+        latencies = [latency_run(settings, load, state, runs[0], float(rate), args.latency_seconds, run, n)
+                     for n, rate in enumerate(r for r in args.latency_rate.split(",") if r)]
     report(settings, args, len(load), generator, raw, runs, latencies, recovery_runs(settings, args, stores, run), peers,
            core, samejob)
 

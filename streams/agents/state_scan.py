@@ -44,24 +44,29 @@ _AFTER_HISTORY = _HISTORY[:-1] + _AFTER_SEP  # `~h0`: after every `<user>/~h/…
 UNREAD = True
 
 
-def _active(store: Any, table: TableT, partition: int) -> bool:
-    """Whether the partition is active here: the table's own `items()` reads only those
-    (`Store._dbs_for_actives`: a standby copy is not read)."""
-    tp = TP(topic=table.changelog_topic_name, partition=partition)  # type: ignore[attr-defined]
-    return table.is_global or tp in store.app.assignor.assigned_actives()
+def _actives(store: Any, table: TableT) -> Callable[[int], bool]:
+    """Whether a partition is active here, for one read: the table's own `items()` reads only
+    those (`Store._dbs_for_actives`: a standby copy is not read). The assignor's set (built anew
+    by every `assigned_actives()` call) and the changelog's name are taken once per read."""
+    if table.is_global:
+        return lambda partition: True
+    topic, actives = table.changelog_topic_name, store.app.assignor.assigned_actives()  # type: ignore[attr-defined]
+    return lambda partition: TP(topic=topic, partition=partition) in actives
 
 
 def _active_db(store: Any, table: TableT, partition: int) -> Any | None:
     """The partition's Rdict when the partition is active here, else None (no rows)."""
-    if not _active(store, table, partition):
+    if not _actives(store, table)(partition):
         return None
     return rocksdb_partition_db(store, partition)  # opens it if Faust has not yet (as its own _get does)
 
 
 def _user_dbs(store: Any, table: TableT, partition: int) -> list[Any]:
     """The Rdicts a user's rows are read from: its partition's, then every other active one's."""
-    others = sorted(p for p in rocksdb_open_partitions(store) if p != partition and _active(store, table, p))
-    return [db for p in [partition, *others] if (db := _active_db(store, table, p)) is not None]
+    active = _actives(store, table)
+    others = sorted(p for p in rocksdb_open_partitions(store) if p != partition and active(p))
+    # opened if Faust has not yet (as its own _get does)
+    return [rocksdb_partition_db(store, p) for p in [partition, *others] if active(p)]
 
 
 def _range(db: Any, start: bytes, end: bytes, decode: Callable[[bytes], Any] | None, out: list) -> None:

@@ -44,7 +44,7 @@ from streams.runtime.outputs import OutputProducer, OutputsFailed
 from streams.runtime.rebalance import RebalanceSafeConsumer
 from streams.runtime.row_cache import MISSING, DecodedRows
 from streams.runtime.standby import OFFSET_BEGINNING, Replica, StandbyApplier
-from streams.runtime.tick_gate import TickGate
+from streams.runtime.tick_gate import TickGate, tick_offsets
 from streams.runtime.web import PartitionRouter, ServerLimits, install_server_limits
 from streams.settings import Settings
 
@@ -148,6 +148,7 @@ class Runtime:
         self.metrics = Metrics()
         #: subscribers to what the pipeline did (the analytics agent is one): `add_hook`
         self._hooks: list[PipelineHook] = []
+        self._tick_timers: list[str] = []  #: the partition-local timers (`ticks`), in order
         self._dlq_index: dict[tuple[str, int], tuple[int, int]] = {}
         self._dlq_log = Throttled(log, logging.INFO, DLQ_LOG_INTERVAL_S)
         self.tables: dict[str, faust.types.TableT] = {}
@@ -457,11 +458,24 @@ class Runtime:
                         async with lock:  # the sweep's outputs first, then its table writes
                             await checkpoint.run_batch([event], handle, cache, self)
 
-        @self.app.timer(self.settings.timer_interval_s, name=f"{name}-timer")
-        async def send_ticks():
-            now = str(int(time.time() * 1000)).encode()
-            for partition in sorted(self.active_partitions(owner_topic)):
-                await topic.send(value=now, partition=partition)
+        timer = len(self._tick_timers)
+        self._tick_timers.append(name)
+
+        @self.app.task
+        async def send_ticks() -> None:
+            """Every interval, a tick (the wall clock's ms) to each partition of `owner_topic` this
+            worker owns, spread over the interval with the other timers' (`tick_offsets`)."""
+            interval = self.settings.timer_interval_s
+            loop = asyncio.get_running_loop()
+            begins = loop.time()
+            while True:
+                begins += interval  # a round every interval, however long the sends took
+                await asyncio.sleep(max(0.0, begins - loop.time()))
+                partitions = sorted(self.active_partitions(owner_topic))  # as owned when the round begins
+                offsets = tick_offsets(len(partitions), timer, len(self._tick_timers), interval)
+                for partition, offset in zip(partitions, offsets, strict=True):
+                    await asyncio.sleep(max(0.0, begins + offset - loop.time()))
+                    await topic.send(value=str(int(time.time() * 1000)).encode(), partition=partition)
 
     def add_hook(self, hook: PipelineHook) -> None:
         """Subscribe `hook` to what the pipeline does (see streams/runtime/handlers.py)."""

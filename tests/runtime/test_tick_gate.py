@@ -5,6 +5,10 @@ is fake: no test here waits."""
 
 from __future__ import annotations
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from streams.runtime.tick_gate import TickGate
 
 
@@ -35,3 +39,25 @@ def test_ticks_that_arrive_on_time_all_run_and_partitions_do_not_hold_each_other
     assert gate.due(0)
     now[0] += 2.4
     assert not gate.due(0) and gate.due(1)
+
+
+@given(st.integers(0, 64), st.integers(1, 5), st.floats(0.5, 3600))
+def test_a_rounds_ticks_are_spread_evenly_over_the_interval_with_every_timers_interleaved(partitions, timers, interval):
+    from streams.runtime.tick_gate import tick_offsets
+
+    rounds = [tick_offsets(partitions, t, timers, interval) for t in range(timers)]
+    every = sorted(o for offsets in rounds for o in offsets)
+    assert all(len(offsets) == partitions for offsets in rounds)
+    assert all(0 <= o < interval for o in every)
+    assert all(offsets == sorted(offsets) for offsets in rounds)  # in partition order
+    gaps = [b - a for a, b in zip(every, every[1:], strict=False)]
+    assert all(abs(g - interval / (partitions * timers)) < 1e-9 * interval for g in gaps)  # evenly apart, none shared
+    if partitions:
+        assert rounds[0][0] == 0
+
+
+def test_a_timer_outside_the_count_is_refused():
+    from streams.runtime.tick_gate import tick_offsets
+
+    with pytest.raises(ValueError):
+        tick_offsets(3, 2, 2, 30.0)
