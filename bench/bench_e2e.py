@@ -53,7 +53,10 @@ What each figure means:
   `worker` blanked); the summary prints the comparison and memstream's CPU per record ÷ the peer's,
   or no ratio when they differ. memstream's figure is its process CPU from the first phase's first
   send to the last commit, so it includes the idling while the bench waited for each phase's
-  commit (printed beside it); the peer's is measured as the other peers'.
+  commit (printed beside it); the peer's is measured as the other peers'. The two run one after
+  the other, and this VM's speed drifts by tens of percent within minutes: the core alone on the
+  load's first records is timed before and after each system's phase (`speed_probe`), and the
+  summary also prints the ratio calibrated by those probes (`SameJob.calibrated_ratio`).
 * **core alone**: the Quix peer's per-record work (decode, `process_candidate` /
   `process_event`, a dict of `UserMemory`) on the same records in the bench's own thread, without
   Kafka or any framework: the CPU per record every system running this core pays at least. (The
@@ -396,7 +399,7 @@ def run_peer(settings: Settings, name: str, start: kafkatools.Offsets, end: kafk
     return peer
 
 
-def core_alone(settings: Settings, load: list[Record]) -> Peer:
+def core_alone(settings: Settings, load: list[Record], quiet: bool = False) -> Peer:
     """memstream's core without any Kafka or framework: the Quix peer's per-record work
     (bench/core_step.py `CoreWork`) on the same records, in this process's thread (its CPU
     time). The floor every peer running this core pays per record."""
@@ -408,8 +411,19 @@ def core_alone(settings: Settings, load: list[Record]) -> Peer:
         work(r.topic, r.key.decode(), r.value)
     peer = Peer("memstream's core alone (decode + process_candidate, no Kafka)", len(load),
                 time.monotonic() - started, time.thread_time() - cpu0)
-    say(f"   core alone: {peer.rate:,.0f} records/s, CPU {peer.cpu_ms_per_record:.3f} ms/record")
+    if not quiet:
+        say(f"   core alone: {peer.rate:,.0f} records/s, CPU {peer.cpu_ms_per_record:.3f} ms/record")
     return peer
+
+
+SPEED_PROBE_RECORDS = 4000  #: records of the load the speed probe runs through the core alone
+
+
+def speed_probe(settings: Settings, load: list[Record]) -> float:
+    """How fast the VM runs right now: the core alone's CPU ms per record on the load's first
+    SPEED_PROBE_RECORDS records (~0.5 s). A VM's speed drifts by tens of percent within minutes;
+    the same-job run probes before and after each system's phase (`SameJob.calibrated_ratio`)."""
+    return core_alone(settings, load[:SPEED_PROBE_RECORDS], quiet=True).cpu_ms_per_record
 
 
 # ----------------------------------------------------------------------- the same-job peer
@@ -430,11 +444,22 @@ class SameJob:
     #: of memstream's CPU per record, about how much it spent idle while the bench waited for its
     #: commit after each phase (an idle worker's CPU rate × that wait; the ratio keeps it in)
     idle_ms_per_record: float = 0.0
+    #: `speed_probe` before and after memstream's phases, and before and after the peer's run
+    probes: tuple[float, float, float, float] | None = None
 
     @property
     def ratio(self) -> float | None:
         """memstream's CPU per record ÷ the peer's; None unless they wrote the same."""
         return self.memstream.cpu_ms_per_record / self.peer.cpu_ms_per_record if self.comparison.equal else None
+
+    @property
+    def calibrated_ratio(self) -> float | None:
+        """`ratio` with each system's CPU divided by the mean of the speed probes around it: what
+        the ratio would be had the VM run at one speed throughout."""
+        if self.ratio is None or self.probes is None:
+            return None
+        ours, theirs = (self.probes[0] + self.probes[1]) / 2, (self.probes[2] + self.probes[3]) / 2
+        return self.ratio * theirs / ours
 
 
 def samejob_phases(load: list[Record]) -> list[list[Record]]:
@@ -465,6 +490,7 @@ def samejob_run(settings: Settings, load: list[Record], run: Path, store: str = 
         cpu0 = kafkatools.cpu_seconds(worker.proc.pid)
         time.sleep(SAMEJOB_IDLE_S)
         idle = (kafkatools.cpu_seconds(worker.proc.pid) - cpu0) / SAMEJOB_IDLE_S
+        before = speed_probe(settings, load)
         cpu0, t0, taken, waited = kafkatools.cpu_seconds(worker.proc.pid), time.time(), 0, 0.0
         for phase in phases:
             produce(settings, phase)
@@ -477,12 +503,17 @@ def samejob_run(settings: Settings, load: list[Record], run: Path, store: str = 
         cpu = kafkatools.cpu_seconds(worker.proc.pid) - cpu0
         rss = [kafkatools.peak_rss_mib(worker.proc.pid)]
         out_end = kafkatools.end_offsets(settings, list(samejob_compare.COMPARED))
+        after = speed_probe(settings, load)
     finally:
         stop(workers)
     ours = Throughput("same job", 1, store, records, seconds, cpu, rss)
     say(f"   memstream: CPU {ours.cpu_ms_per_record:.3f} ms/record; between the phases it waited {waited:.1f} s for its "
         f"commits, at an idle worker's {100 * idle:.1f}% of a core: ~{1000 * idle * waited / records:.3f} ms/record")
+    peer_before = speed_probe(settings, load)
     peer, prefix, peer_ends = samejob_peer(settings, in_start, records, app_id, run)
+    probes = (before, after, peer_before, speed_probe(settings, load))
+    say("   speed probes (the core alone, ms/record): around memstream {:.3f} / {:.3f}, around the peer "
+        "{:.3f} / {:.3f}".format(*probes))
     zero = {tp: 0 for tp in peer_ends}
     comparison = samejob_compare.compare(settings, (out_start, out_end), (zero, peer_ends), prefix)
     for line in comparison.lines():
@@ -490,7 +521,7 @@ def samejob_run(settings: Settings, load: list[Record], run: Path, store: str = 
     if not comparison.equal:
         comparison.write_differences(run / "samejob-differences.jsonl")
         say(f"   the differing records: {run / 'samejob-differences.jsonl'}")
-    return SameJob(ours, peer, comparison, 1000 * idle * waited / records)
+    return SameJob(ours, peer, comparison, 1000 * idle * waited / records, probes)
 
 
 def wait_taken(worker: Worker, count: int, timeout: float = 600) -> None:
@@ -1057,7 +1088,12 @@ def report_samejob(sj: SameJob) -> None:
     say(f"| memstream, one worker, {sj.memstream.store} | {sj.memstream.records:,} | "
         f"{sj.memstream.cpu_ms_per_record:.3f} ms | **{ratio}** |")
     say(f"\n(memstream's figure includes ~{sj.idle_ms_per_record:.3f} ms/record of idling while the bench waited for "
-        "its commit after each phase.)\n")
+        "its commit after each phase.)")
+    if sj.calibrated_ratio is not None and sj.probes is not None:
+        say(f"Calibrated for the VM's speed (each system's CPU ÷ the core alone's speed probes around it: "
+            f"{sj.probes[0]:.3f}/{sj.probes[1]:.3f} ms around memstream, {sj.probes[2]:.3f}/{sj.probes[3]:.3f} ms "
+            f"around the peer): **{sj.calibrated_ratio:.2f}×**.")
+    say("")
     for line in sj.comparison.lines():
         say(f"- {line}")
 

@@ -39,3 +39,7 @@ def test_the_same_job_peer_writes_what_the_worker_writes(stack, settings, tmp_pa
     assert all(written[t] for t in samejob_compare.COMPARED), lines
     assert result.ratio is not None and result.peer.records == sum(len(p) for p in bench_e2e.samejob_phases(load))
     assert written[catalog.DLQ] and result.peer.records > 100, lines
+    # the VM's speed probed around each system's phase, and the ratio calibrated by it
+    assert result.probes is not None and all(p > 0 for p in result.probes)
+    ours, theirs = (result.probes[0] + result.probes[1]) / 2, (result.probes[2] + result.probes[3]) / 2
+    assert result.calibrated_ratio == pytest.approx(result.ratio * theirs / ours)
