@@ -102,7 +102,7 @@ class Settings:
     http_max_body_bytes: int = field(default=1024 * 1024, metadata={"doc": "Largest HTTP request body a worker reads (bytes); a larger one is answered 413, from its Content-Length before any of it is read, or as soon as a body without one passes the limit."})
     http_max_connections: int = field(default=1000, metadata={"doc": "Most open HTTP connections per worker; a connection beyond it is closed at once (forwarding between workers uses connections too)."})
     graph_stall_ms: int = field(default=15 * 60 * 1000, metadata={"doc": "A graph node running longer than this (ms) is flagged stalled."})
-    timer_interval_s: float = field(default=30.0, metadata={"doc": "Seconds between runs of the partition-local housekeeping timers."})
+    timer_interval_s: float = field(default=30.0, metadata={"doc": "Seconds between rounds of the partition-local timers (housekeeping, analytics publish, graph stalls; more than 0): each round's ticks are sent spread over the interval."})
     housekeeping_max_rows_per_tick: int = field(default=20_000, metadata={"doc": "Most `memory-state` rows one housekeeping tick reads in one partition (the sweep holds the memory state's lock, so the agent's batches wait for it): the next tick goes on after the last user read, and the sweep of a partition takes ceil(rows / this) ticks. A user is never split."})
     housekeeping_max_seconds_per_tick: float = field(default=0.1, metadata={"doc": "Longest one housekeeping tick holds the memory state's lock in one partition (seconds, wall clock: the sweep lets the event loop run between users, and that time counts): the next tick goes on after the last user read. Without it a worker that owns many partitions, or whose users are not loaded yet (a restart), spent its time in sweeps and applied a few records a second. A user is never split."})
     # --- input limits (docs/records.md#limits): a record over one is dead-lettered, the limit named
@@ -179,6 +179,8 @@ class Settings:
         if not self.housekeeping_max_seconds_per_tick > 0:
             raise SettingsError(f"MEMSTREAM_HOUSEKEEPING_MAX_SECONDS_PER_TICK={self.housekeeping_max_seconds_per_tick} "
                                 "must be more than 0")
+        if not self.timer_interval_s > 0:  # 0 or less: the timers would send ticks without pause
+            raise SettingsError(f"MEMSTREAM_TIMER_INTERVAL_S={self.timer_interval_s} must be more than 0")
         if not self.registry_timeout_s > 0:
             raise SettingsError(f"MEMSTREAM_REGISTRY_TIMEOUT_S={self.registry_timeout_s} must be more than 0")
         if self.rocksdb_write_buffer_bytes < 64 * 1024:  # RocksDB's own floor

@@ -61,3 +61,13 @@ def test_a_timer_outside_the_count_is_refused():
 
     with pytest.raises(ValueError):
         tick_offsets(3, 2, 2, 30.0)
+
+
+@pytest.mark.parametrize("value", ["0", "-30", "nan"])
+def test_a_timer_interval_not_above_zero_is_a_settings_error(value):
+    # the timers' rounds would follow each other without pause: a flood of ticks
+    from streams.settings import Settings, SettingsError
+
+    assert Settings.from_env({}).timer_interval_s == 30.0
+    with pytest.raises(SettingsError, match="MEMSTREAM_TIMER_INTERVAL_S=.* must be more than 0"):
+        Settings.from_env({"MEMSTREAM_TIMER_INTERVAL_S": value})
