@@ -65,8 +65,8 @@ def _user_dbs(store: Any, table: TableT, partition: int) -> list[Any]:
     """The Rdicts a user's rows are read from: its partition's, then every other active one's."""
     active = _actives(store, table)
     others = sorted(p for p in rocksdb_open_partitions(store) if p != partition and active(p))
-    # opened if Faust has not yet (as its own _get does)
-    return [rocksdb_partition_db(store, p) for p in [partition, *others] if active(p)]
+    own = [partition] if active(partition) else []
+    return [rocksdb_partition_db(store, p) for p in own + others]  # opened if Faust has not yet (as its own _get does)
 
 
 def _range(db: Any, start: bytes, end: bytes, decode: Callable[[bytes], Any] | None, out: list) -> None:
