@@ -56,7 +56,10 @@ What each figure means:
   commit (printed beside it); the peer's is measured as the other peers'. The two run one after
   the other, and this VM's speed drifts by tens of percent within minutes: the core alone on the
   load's first records is timed before and after each system's phase (`speed_probe`), and the
-  summary also prints the ratio calibrated by those probes (`SameJob.calibrated_ratio`).
+  summary also prints the ratio calibrated by those probes (`SameJob.calibrated_ratio`). The pair
+  runs `--samejob-rounds` times (3), each round with fresh app ids; the summary gives each round
+  and the medians. With `--profile`, one more round runs both systems under py-spy and prints
+  their CPU per record by part side by side (bench/profile_parts.py).
 * **core alone**: the Quix peer's per-record work (decode, `process_candidate` /
   `process_event`, a dict of `UserMemory`) on the same records in the bench's own thread, without
   Kafka or any framework: the CPU per record every system running this core pays at least. (The
@@ -119,7 +122,7 @@ import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -128,9 +131,9 @@ from aiokafka.partitioner import murmur2
 from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
-from bench import samejob_compare
+from bench import profile_parts, samejob_compare
 from bench.bench_consolidation import memory_text, vocabulary
-from bench.core_step import CoreWork
+from bench.core_step import CoreWork, thread_cpu, thread_kinds
 from streams.agents.memory import PROCESSOR as MEMORY_PROCESSOR
 from streams.agents.memory_store import STATE_TABLE, node_key
 from streams.agents.user_cache import chunk_rows
@@ -332,6 +335,8 @@ class Peer(PerRecord):
     seconds: float
     cpu_s: float
     store: str = "dict"
+    #: of it, each kind of thread's (`core_step.thread_kinds`; the same-job peer reports it)
+    threads_cpu_s: dict[str, float] = field(default_factory=dict)
 
 
 #: the framework peers, in issue 14's order: name -> (label, where the per-user state is)
@@ -446,6 +451,11 @@ class SameJob:
     idle_ms_per_record: float = 0.0
     #: `speed_probe` before and after memstream's phases, and before and after the peer's run
     probes: tuple[float, float, float, float] | None = None
+    #: each system's CPU ms per record by kind of thread (`core_step.thread_kinds`)
+    threads: tuple[dict[str, float], dict[str, float]] | None = None
+    #: of a profiled run: each system's µs per record by part (`profile_parts.us_per_record`)
+    parts: tuple[dict[str, float], dict[str, float]] | None = None
+    load: str = ""  #: the load average when the run ended
 
     @property
     def ratio(self) -> float | None:
@@ -473,14 +483,16 @@ def samejob_phases(load: list[Record]) -> list[list[Record]]:
     return [[r for r in load if r.topic == topic] for topic in samejob_compare.INPUTS]
 
 
-def samejob_run(settings: Settings, load: list[Record], run: Path, store: str = "rocksdb://") -> SameJob:
+def samejob_run(settings: Settings, load: list[Record], run: Path, store: str = "rocksdb://", round_no: int = 0,
+                profile: bool = False) -> SameJob:
     """One worker (fresh app id and state, new users, timers slowed down) on the peer's inputs of
     the load, phase by phase (`samejob_phases`); then the same-job Quix Streams peer
     (bench/quix_samejob.py) on exactly those records, writing to `<app id>-quix-<topic>`; then
-    the comparison of both systems' outputs (bench/samejob_compare.py)."""
+    the comparison of both systems' outputs (bench/samejob_compare.py). `round_no` names the
+    round's app id; `profile` runs both systems under py-spy (`SameJob.parts`)."""
     phases = samejob_phases(load)
     records = sum(len(p) for p in phases)
-    app_id = f"{run.name}-samejob"
+    app_id = f"{run.name}-samejob{round_no or ''}{'-profiled' if profile else ''}"
     say(f"\n== same job: memstream, one worker, {store}, {records:,} records in {len(phases)} phases (app id {app_id})")
     workers = start_workers(settings, app_id, 1, store, run, [], {"MEMSTREAM_TIMER_INTERVAL_S": SAMEJOB_TIMER_S})
     worker = workers[0]
@@ -491,6 +503,8 @@ def samejob_run(settings: Settings, load: list[Record], run: Path, store: str = 
         time.sleep(SAMEJOB_IDLE_S)
         idle = (kafkatools.cpu_seconds(worker.proc.pid) - cpu0) / SAMEJOB_IDLE_S
         before = speed_probe(settings, load)
+        spy = start_profiler(worker.proc.pid, run / f"py-spy-{app_id}.txt") if profile else None
+        threads0 = thread_cpu(worker.proc.pid)
         cpu0, t0, taken, waited = kafkatools.cpu_seconds(worker.proc.pid), time.time(), 0, 0.0
         for phase in phases:
             produce(settings, phase)
@@ -501,6 +515,9 @@ def samejob_run(settings: Settings, load: list[Record], run: Path, store: str = 
             waited += time.monotonic() - handed
         seconds = time.time() - t0
         cpu = kafkatools.cpu_seconds(worker.proc.pid) - cpu0
+        threads = thread_kinds(threads0, thread_cpu(worker.proc.pid), worker.proc.pid, cpu)
+        if spy is not None:
+            stop_profiler(spy)
         rss = [kafkatools.peak_rss_mib(worker.proc.pid)]
         out_end = kafkatools.end_offsets(settings, list(samejob_compare.COMPARED))
         after = speed_probe(settings, load)
@@ -510,7 +527,8 @@ def samejob_run(settings: Settings, load: list[Record], run: Path, store: str = 
     say(f"   memstream: CPU {ours.cpu_ms_per_record:.3f} ms/record; between the phases it waited {waited:.1f} s for its "
         f"commits, at an idle worker's {100 * idle:.1f}% of a core: ~{1000 * idle * waited / records:.3f} ms/record")
     peer_before = speed_probe(settings, load)
-    peer, prefix, peer_ends = samejob_peer(settings, in_start, records, app_id, run)
+    peer_profile = run / f"py-spy-{app_id}-quix.txt" if profile else None
+    peer, prefix, peer_ends = samejob_peer(settings, in_start, records, app_id, run, peer_profile)
     probes = (before, after, peer_before, speed_probe(settings, load))
     say("   speed probes (the core alone, ms/record): around memstream {:.3f} / {:.3f}, around the peer "
         "{:.3f} / {:.3f}".format(*probes))
@@ -519,9 +537,25 @@ def samejob_run(settings: Settings, load: list[Record], run: Path, store: str = 
     for line in comparison.lines():
         say(f"   {line}")
     if not comparison.equal:
-        comparison.write_differences(run / "samejob-differences.jsonl")
-        say(f"   the differing records: {run / 'samejob-differences.jsonl'}")
-    return SameJob(ours, peer, comparison, 1000 * idle * waited / records, probes)
+        comparison.write_differences(run / f"{app_id}-differences.jsonl")
+        say(f"   the differing records: {run / f'{app_id}-differences.jsonl'}")
+    by_thread = ({k: 1000 * v / records for k, v in threads.items()},
+                 {k: 1000 * v / peer.records for k, v in peer.threads_cpu_s.items()})
+    parts = None
+    if profile:
+        parts = (profile_parts.us_per_record(profile_parts.main_thread_parts(run / f"py-spy-{app_id}.txt"), by_thread[0]),
+                 profile_parts.us_per_record(profile_parts.main_thread_parts(peer_profile), by_thread[1]))
+    return SameJob(ours, peer, comparison, 1000 * idle * waited / records, probes, by_thread, parts,
+                   " ".join(Path("/proc/loadavg").read_text().split()[:3]))
+
+
+def samejob_rounds(settings: Settings, load: list[Record], run: Path, rounds: int, profile: bool) -> list[SameJob]:
+    """`rounds` same-job runs one after the other (each memstream then the peer, fresh app ids),
+    then, with `profile`, one more under py-spy (its figures only in the parts table)."""
+    runs = [samejob_run(settings, load, run, round_no=n) for n in range(1, rounds + 1)]
+    if profile:
+        runs.append(samejob_run(settings, load, run, round_no=rounds + 1, profile=True))
+    return runs
 
 
 def wait_taken(worker: Worker, count: int, timeout: float = 600) -> None:
@@ -546,10 +580,10 @@ def inputs_taken(port: int) -> float | None:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.rsplit(" ", 1)[0] in wanted)
 
 
-def samejob_peer(settings: Settings, start: kafkatools.Offsets, count: int, app_id: str, run: Path
-                 ) -> tuple[Peer, str, kafkatools.Offsets]:
-    """bench/quix_samejob.py on the `count` records from `start`; returns its figures, its
-    output topics' prefix and their end offsets."""
+def samejob_peer(settings: Settings, start: kafkatools.Offsets, count: int, app_id: str, run: Path,
+                 profile: Path | None = None) -> tuple[Peer, str, kafkatools.Offsets]:
+    """bench/quix_samejob.py on the `count` records from `start` (under py-spy into `profile`,
+    if given); returns its figures, its output topics' prefix and their end offsets."""
     group, prefix, data = f"{app_id}-quix", f"{app_id}-quix-", run / "data" / f"{app_id}-quix"
     kafkatools.position_group(settings, group, start)
     for topic in samejob_compare.COMPARED:
@@ -558,15 +592,19 @@ def samejob_peer(settings: Settings, start: kafkatools.Offsets, count: int, app_
     cmd = [str(quix_python()), str(BENCH / "quix_samejob.py"), "--broker", settings.broker, "--registry",
            settings.registry_url, "--group", group, "--output-prefix", prefix, "--count", str(count),
            "--state-dir", str(data)]
+    if profile is not None:
+        cmd = [py_spy(), "record", "--format", "raw", "--nolineno", "--rate", "100", "--output", str(profile), "--",
+               *cmd]
     say(f"   {SAMEJOB_LABEL}: {count:,} records …")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-    log_file = run / "quix-samejob.log"
+    log_file = run / f"{app_id}-quix.log"
     log_file.write_text(r.stdout + r.stderr)
     line = next((x for x in reversed(r.stdout.splitlines()) if x.startswith("{")), None)
     if r.returncode != 0 or line is None:
         raise BenchError(f"the same-job peer failed (exit {r.returncode}); see {log_file}")
     res = orjson.loads(line)
-    peer = Peer(SAMEJOB_LABEL, int(res["records"]), float(res["seconds"]), float(res["cpu_s"]), "RocksDB state")
+    peer = Peer(SAMEJOB_LABEL, int(res["records"]), float(res["seconds"]), float(res["cpu_s"]), "RocksDB state",
+                res["threads_cpu_s"])
     if peer.records != count:
         raise BenchError(f"the same-job peer read {peer.records} records, not {count}; see {log_file}")
     say(f"   {SAMEJOB_LABEL}: {peer.rate:,.0f} records/s, CPU {peer.cpu_ms_per_record:.3f} ms/record")
@@ -970,10 +1008,15 @@ def query_nodes(port: int, user: str, timeout: float = 3600) -> int:
 
 
 # ------------------------------------------------------------------------------------- profiling
-def start_profiler(pid: int, out: Path) -> subprocess.Popen:
+def py_spy() -> str:
     spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     if spy is None:
         raise BenchError("--profile needs py-spy: .venv/bin/pip install py-spy (a measuring tool, not a dependency)")
+    return spy
+
+
+def start_profiler(pid: int, out: Path) -> subprocess.Popen:
+    spy = py_spy()
     say(f"   profiling pid {pid} with py-spy into {out}")
     return subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw", "--nolineno", "--rate", "100",
                              "--output", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -1023,7 +1066,8 @@ def versions(settings: Settings) -> str:
 
 def report(settings: Settings, args: argparse.Namespace, records: int, generator: float, raw: float,
            runs: list[Throughput], latencies: list[Latency], recoveries: list[Recovery],
-           peers: dict[str, Peer] | None = None, core: Peer | None = None, samejob: SameJob | None = None) -> None:
+           peers: dict[str, Peer] | None = None, core: Peer | None = None, samejob_runs: list[SameJob] | None = None
+           ) -> None:
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     say(f"\n## Summary ({time.strftime('%Y-%m-%d %H:%M %Z')}, load average {load})\n\n{machine()}\n{versions(settings)}\n"
         f"partitions {settings.partitions}, standby replicas {settings.standby_replicas}, batch max "
@@ -1047,12 +1091,15 @@ def report(settings: Settings, args: argparse.Namespace, records: int, generator
         say(f"| pipeline | {r.workers} | {r.store} | {r.records:,} | {r.seconds:.1f} s | **{r.rate:,.0f}** | "
             f"{100 * r.rate / raw:.1f}% | {of_quix(r.rate)} | {r.cpu_ms_per_record:.3f} ms | "
             f"{cpu_of_quix(r.cpu_ms_per_record)} | {rss} |")
+    measured = [sj for sj in samejob_runs or [] if sj.parts is None]
+    samejob = measured[0] if measured else None
     if samejob is not None:
         peer = samejob.peer
         say(f"| {peer.label} | 1 | {peer.store} | {peer.records:,} | {peer.seconds:.1f} s | {peer.rate:,.0f} | "
             f"{100 * peer.rate / raw:.1f}% | {of_quix(peer.rate)} | {peer.cpu_ms_per_record:.3f} ms | "
             f"{cpu_of_quix(peer.cpu_ms_per_record)} | – |")
-        report_samejob(samejob)
+    if samejob_runs:
+        report_samejob(samejob_runs)
     if core and records and (peers or runs or samejob):
         same = [(f"{samejob.peer.label} (its own input: the memory agent's four topics)", samejob.peer.cpu_ms_per_record),
                 ("memstream, same job (the same input)", samejob.memstream.cpu_ms_per_record)] if samejob else []
@@ -1078,24 +1125,55 @@ def report(settings: Settings, args: argparse.Namespace, records: int, generator
                 f"{c.first_query_s * 1000:,.0f} ms | {c.ready_rss_mib:,.0f} MiB | {c.rss_mib:,.0f} MiB |")
 
 
-def report_samejob(sj: SameJob) -> None:
-    """memstream against the same-job peer: CPU per record of each on the same input, the ratio
-    (only when both wrote the same records) and the comparison, topic by topic."""
-    ratio = f"{sj.ratio:.2f}×" if sj.ratio is not None else "– (the outputs differ)"
-    say("\n| same job, same input (phased: bench_e2e.samejob_phases) | input records | CPU / record | ÷ the same-job peer's |\n"
-        "|---|---|---|---|")
-    say(f"| {sj.peer.label}, RocksDB state | {sj.peer.records:,} | {sj.peer.cpu_ms_per_record:.3f} ms | 1.00× |")
-    say(f"| memstream, one worker, {sj.memstream.store} | {sj.memstream.records:,} | "
-        f"{sj.memstream.cpu_ms_per_record:.3f} ms | **{ratio}** |")
-    say(f"\n(memstream's figure includes ~{sj.idle_ms_per_record:.3f} ms/record of idling while the bench waited for "
-        "its commit after each phase.)")
-    if sj.calibrated_ratio is not None and sj.probes is not None:
-        say(f"Calibrated for the VM's speed (each system's CPU ÷ the core alone's speed probes around it: "
-            f"{sj.probes[0]:.3f}/{sj.probes[1]:.3f} ms around memstream, {sj.probes[2]:.3f}/{sj.probes[3]:.3f} ms "
-            f"around the peer): **{sj.calibrated_ratio:.2f}×**.")
-    say("")
-    for line in sj.comparison.lines():
-        say(f"- {line}")
+def report_samejob(runs: list[SameJob]) -> None:
+    """memstream against the same-job peer, round by round: CPU per record of each on the same
+    input, the ratio (only when both wrote the same records), the ratio calibrated by the speed
+    probes, then the medians of the rounds; the comparison of the first round, topic by topic;
+    and the parts side by side of a profiled round."""
+    measured = [sj for sj in runs if sj.parts is None]
+    say("\n| same job, same input (phased: bench_e2e.samejob_phases) | load average | the same-job peer, CPU / record "
+        "| memstream, one worker, CPU / record | ratio | speed probes around memstream / the peer | calibrated ratio |\n"
+        "|---|---|---|---|---|---|---|")
+    for n, sj in enumerate(runs, 1):
+        ratio = f"{sj.ratio:.2f}×" if sj.ratio is not None else "– (the outputs differ)"
+        probes = "{:.3f}/{:.3f} · {:.3f}/{:.3f} ms".format(*sj.probes) if sj.probes else "–"
+        calibrated = f"{sj.calibrated_ratio:.2f}×" if sj.calibrated_ratio is not None else "–"
+        label = f"round {n}" + (" (under py-spy: not in the medians)" if sj.parts is not None else "")
+        say(f"| {label} | {sj.load} | {sj.peer.cpu_ms_per_record:.3f} ms | {sj.memstream.cpu_ms_per_record:.3f} ms | "
+            f"{ratio} | {probes} | {calibrated} |")
+    if measured and all(sj.ratio is not None for sj in measured):
+        calibrated = [sj.calibrated_ratio for sj in measured if sj.calibrated_ratio is not None]
+        say(f"| **median of {len(measured)}** | | {median(sj.peer.cpu_ms_per_record for sj in measured):.3f} ms | "
+            f"{median(sj.memstream.cpu_ms_per_record for sj in measured):.3f} ms | "
+            f"**{median(sj.ratio for sj in measured):.2f}×** | | "  # type: ignore[misc]
+            f"{f'**{median(calibrated):.2f}×**' if calibrated else '–'} |")
+    elif measured:
+        say("| median | | | | – (a round's outputs differ: no ratio) | | |")
+    say("\n(memstream's figures include ~{} ms/record of idling while the bench waited for its commit after each "
+        "phase.)\n".format(" / ".join(f"{sj.idle_ms_per_record:.3f}" for sj in runs)))
+    for n, sj in enumerate(runs, 1):
+        if n == 1 or not sj.comparison.equal:  # every round is compared; the first printed, and any that differs
+            say(f"Round {n}, the outputs compared:")
+            for line in sj.comparison.lines():
+                say(f"- {line}")
+    kinds = ("main", *profile_parts.THREADS)
+    say("| CPU per record by thread (µs; bench/profile_parts.py THREADS) | " + " | ".join(kinds) + " |\n"
+        + "|---" * (len(kinds) + 1) + "|")
+    for n, sj in enumerate(runs, 1):
+        for name, by_kind in zip(("memstream", "the peer"), sj.threads or (), strict=False):
+            say(f"| round {n}, {name} | " + " | ".join(f"{1000 * by_kind.get(k, 0.0):,.0f}" for k in kinds) + " |")
+    for sj in runs:
+        if sj.parts is not None:
+            say("\nWhere each system's CPU per record goes (the profiled round; bench/profile_parts.py: the main thread "
+                "by py-spy, the other threads from /proc):\n")
+            for line in profile_parts.side_by_side(*sj.parts):
+                say(line)
+
+
+def median(values: Iterable[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def report_added(core: Peer, systems: list[tuple[str, float]], quix: Peer | None) -> None:
@@ -1161,7 +1239,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-quix", action="store_true", help="skip the Quix Streams peers (their virtualenv is made on first use)")
     ap.add_argument("--no-samejob", action="store_true",
                     help="skip the same-job run (memstream and bench/quix_samejob.py on the same input, outputs compared)")
-    ap.add_argument("--profile", action="store_true", help="one more one-worker run under py-spy (bench/out/<run id>/py-spy-profile.txt)")
+    ap.add_argument("--samejob-rounds", type=int, default=3,
+                    help="same-job runs one after the other (memstream, then the peer; the summary gives each and the medians)")
+    ap.add_argument("--profile", action="store_true",
+                    help="one more one-worker run under py-spy (bench/out/<run id>/py-spy-profile.txt), and one more "
+                         "same-job round with both systems under py-spy (their parts side by side)")
     return ap.parse_args(argv)
 
 
@@ -1186,7 +1268,8 @@ def run_all(settings: Settings, args: argparse.Namespace, run: Path) -> None:
         raise BenchError(f"unknown peer(s) {', '.join(unknown)}: --peers takes {', '.join(PEERS)}")
     peers = {n: run_peer(settings, n, start, end, run) for n in PEERS if n in names}
     core = core_alone(settings, load)
-    samejob = samejob_run(settings, load, run) if not (args.no_quix or args.no_samejob) else None
+    samejob = [] if args.no_quix or args.no_samejob else samejob_rounds(settings, load, run, args.samejob_rounds,
+                                                                         args.profile)
     runs = [pipeline_run(settings, load, state, f"1w-{s.split(':')[0]}", 1, s, run) for s in stores]
     if not args.no_scaling:
         runs.append(pipeline_run(settings, load, state, "2w-rocksdb", 2, "rocksdb://", run))

@@ -15,8 +15,11 @@ Two kinds of work, the rows of issue 14's table:
 from __future__ import annotations
 
 import json
+import os
 import resource
+import threading
 import time
+from pathlib import Path
 
 from streams.contracts import catalog
 from streams.contracts.wire import CodecFactory
@@ -58,6 +61,36 @@ def cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def thread_cpu(pid: int | str = "self") -> dict[int, tuple[str, float]]:
+    """Each live thread of a process: tid -> (its name, the CPU seconds it has used so far), from
+    /proc (librdkafka names its threads `rdk:…`, RocksDB `rocksdb:…`; Python's keep the process's)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[int(task.name)] = (comm, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return out
+
+
+def thread_kinds(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], main: int,
+                 process_cpu_s: float) -> dict[str, float]:
+    """CPU seconds between two `thread_cpu` readings by kind of thread: main, librdkafka,
+    RocksDB, a memstream worker's named threads (`ms-consumer`, `ms-outputs`, …:
+    streams/runtime/thread_names.py), other Python threads, and what threads that ended
+    meanwhile used (the process's CPU less all the others)."""
+    kinds = {"main": 0.0, "librdkafka": 0.0, "rocksdb": 0.0, "python": 0.0}
+    for tid, (comm, cpu) in after.items():
+        used = cpu - before.get(tid, (comm, 0.0))[1]
+        kind = "main" if tid == main else "librdkafka" if comm.startswith("rdk:") else \
+            "rocksdb" if comm.startswith("rocksdb") else comm if comm.startswith("ms-") else "python"
+        kinds[kind] = kinds.get(kind, 0.0) + used
+    kinds["ended"] = max(0.0, process_cpu_s - sum(kinds.values()))
+    return kinds
+
+
 class Tally:
     """A peer process's records, from the first one: the clock and the process CPU its result
     is measured from, and the one JSON line it prints last (read by bench_e2e.run_peer)."""
@@ -66,17 +99,22 @@ class Tally:
         self.count = count
         self.n = 0
         self.t0 = self.cpu0 = 0.0
+        self.threads0: dict[int, tuple[str, float]] = {}
 
     def seen(self) -> bool:
         """Count one record; True when it is the last one."""
         if not self.n:
             self.t0, self.cpu0 = time.monotonic(), cpu_s()
+            self.threads0 = thread_cpu()
         self.n += 1
         return self.n == self.count
 
     def result(self, undecodable: int = 0) -> str:
         seconds = time.monotonic() - self.t0 if self.n else 0.0
         cpu = cpu_s() - self.cpu0 if self.n else 0.0
+        # each kind of thread's share (a peer counts and reports from its main thread)
+        threads = thread_kinds(self.threads0, thread_cpu(), threading.get_native_id(), cpu) if self.n else {}
         return json.dumps({"records": self.n, "seconds": seconds, "rate": self.n / seconds if seconds > 0 else 0.0,
                            "cpu_s": cpu, "cpu_ms_per_record": 1000 * cpu / max(1, self.n),
+                           "threads_cpu_s": threads,
                            "undecodable": undecodable})

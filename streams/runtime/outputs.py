@@ -46,6 +46,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from streams.runtime.thread_names import name_os_thread
+
 log = logging.getLogger("memstream.outputs")
 
 POLL_S = 0.1  #: the poller thread's longest wait for a delivery report (also how soon it sees a stop)
@@ -177,6 +179,7 @@ class OutputProducer:
             return False
 
     def _poll(self) -> None:
+        name_os_thread("ms-outputs")
         while not self._stopping.is_set():
             try:
                 self._producer.poll(POLL_S)  # type: ignore[union-attr]

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from streams.contracts.schemaids import IdMismatch, KnownIds, KnownSchema, mismatches
 from streams.contracts.wire import RegistryError
+from streams.runtime.thread_names import name_os_thread
 from streams.settings import Settings
 
 if TYPE_CHECKING:
@@ -268,6 +269,7 @@ class WorkerProbe:
         self.check_broker()
 
     def _run(self) -> None:
+        name_os_thread("ms-probe")
         while True:
             time.sleep(self.settings.health_check_interval_s)
             try:

@@ -45,6 +45,7 @@ from streams.runtime.faust_internals import (
 )
 from streams.runtime.fetch_pace import FetchPace
 from streams.runtime.inline import Resumed, first_step
+from streams.runtime.thread_names import name_os_thread
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,10 @@ CALLBACK_CHECK_S = 0.5
 
 class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     """Faust's consumer thread whose worker consumer skips aborted transactions and batches its fetches while records flow (MEMSTREAM_FETCH_MIN_BYTES, MEMSTREAM_FETCH_MAX_WAIT_MS, MEMSTREAM_FETCH_QUIET_MS)."""
+
+    async def on_thread_started(self) -> None:
+        name_os_thread("ms-consumer")
+        await super().on_thread_started()
 
     def _create_worker_consumer(self, transport):
         consumer = super()._create_worker_consumer(transport)

@@ -43,6 +43,7 @@ from typing import Any
 
 from .loglimit import Throttled
 from .restore import Batch, write_run
+from .thread_names import name_os_thread
 
 log = logging.getLogger("memstream.standby")
 
@@ -156,6 +157,8 @@ class StandbyApplier:
     # ------------------------------------------------------------------------- the thread
     def _run(self, replicas: list[Replica]) -> None:
         from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+        name_os_thread("ms-standby")
 
         dbs = {(r.topic, r.partition): r for r in replicas}
         consumer = Consumer({

@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -118,6 +119,9 @@ def test_ids_survive_a_registry_restart_and_a_reset_stops_the_worker_without_dea
         assert p.flush(30) == 0
         wait_caught_up(s, APP, catalog.MEMORY_CANDIDATES)
         assert http_get(port, "/health/live")[0] == 200
+        # its own threads are named in the OS (what `top -H` and the bench's per-thread CPU show)
+        names = {(task / "comm").read_text().strip() for task in Path(f"/proc/{proc.pid}/task").iterdir()}
+        assert {"ms-consumer", "ms-outputs", "ms-probe"} <= names, names
 
         # the registry hangs (paused: its port still accepts, nothing answers): /health names it
         # within about one health interval (1 s here), not after the client's timeouts (~2 minutes before)
