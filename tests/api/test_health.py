@@ -53,3 +53,34 @@ def test_health_is_ready_only_after_recovery_and_says_why_not(state, status, rea
     assert h.status == status and reason in h.reason and h.ready == (status == "ready")
     assert h.sources == ["graph.events.v1[0]"]  # no changelog, no leader topic
     assert (h.active_partitions, h.standby_partitions) == (3, 1)
+
+
+class _Table:
+    """A table whose `len()` takes `cost` seconds (RocksDB counts by iterating its keys)."""
+
+    def __init__(self, rows: int, cost: float = 0.0) -> None:
+        self.rows, self.cost, self.counted = rows, cost, 0
+
+    def __len__(self) -> int:
+        import time
+        self.counted += 1
+        if self.cost:
+            time.sleep(self.cost)
+        return self.rows
+
+
+def test_table_sizes_are_counted_again_on_every_scrape_only_while_counting_is_cheap(monkeypatch):
+    from types import SimpleNamespace as NS
+
+    from streams.api import health
+
+    cheap, slow = _Table(3), _Table(5, cost=2 * health.TABLE_SIZE_CHEAP_S)
+    sizes, rt = health._TableSizes(), NS(tables={"a": cheap})
+    assert sizes.get(rt) == {"a": 3} and sizes.get(rt) == {"a": 3} and cheap.counted == 2  # cheap: every scrape
+    rt.tables["b"] = slow  # a new table: counted at once
+    assert sizes.get(rt) == {"a": 3, "b": 5} and slow.counted == 1
+    slow.rows = 6
+    assert sizes.get(rt) == {"a": 3, "b": 5} and slow.counted == 1  # slow: the count is reused …
+    clock = health.time.monotonic() + health.TABLE_SIZE_TTL_S
+    monkeypatch.setattr(health.time, "monotonic", lambda: clock)
+    assert sizes.get(rt) == {"a": 3, "b": 6} and slow.counted == 2  # … for TABLE_SIZE_TTL_S
