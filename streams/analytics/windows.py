@@ -293,7 +293,7 @@ def add(state: dict[str, Any], event_time_ms: int, counters: Mapping[str, Any], 
         return result
     subject = state["subject"]
     digest = _digest(id) if id is not None else None
-    if digest is not None and any(entry[0] == digest for entry in state["recent_ids"]):
+    if digest is not None and digest in _recent_ids(state).digests:
         state["duplicates"] += 1
         result.duplicate = True
         return result
@@ -320,11 +320,42 @@ def add(state: dict[str, Any], event_time_ms: int, counters: Mapping[str, Any], 
         w["rev"] += 1
         result.counted.append((size, start))
     if digest is not None:
-        ids = state["recent_ids"]
-        ids.append([digest, event_time_ms])
-        if len(ids) > policy.recent_ids:
-            del ids[:len(ids) - policy.recent_ids]
+        _recent_ids(state).remember(digest, event_time_ms, policy.recent_ids)
     return result
+
+
+class RecentIds(list):
+    """A state's ``recent_ids`` (``[digest, event time]`` entries, oldest first) with a count of
+    its digests, so that a duplicate is found without scanning up to ``policy.recent_ids``
+    entries per input (a plain list, as it is persisted, is wrapped on its state's first `add`;
+    JSON and copies see a list)."""
+
+    def __init__(self, entries: Iterable[Any] = ()) -> None:
+        super().__init__(entries)
+        self.digests: dict[str, int] = {}
+        for entry in self:
+            self.digests[entry[0]] = self.digests.get(entry[0], 0) + 1
+
+    def remember(self, digest: str, event_time_ms: int, keep: int) -> None:
+        """Append an entry; keep the newest `keep`."""
+        self.append([digest, event_time_ms])
+        self.digests[digest] = self.digests.get(digest, 0) + 1
+        if len(self) > keep:
+            drop = len(self) - keep
+            for entry in self[:drop]:
+                left = self.digests[entry[0]] - 1
+                if left:
+                    self.digests[entry[0]] = left
+                else:
+                    del self.digests[entry[0]]
+            del self[:drop]
+
+
+def _recent_ids(state: dict[str, Any]) -> RecentIds:
+    ids = state["recent_ids"]
+    if type(ids) is not RecentIds:
+        ids = state["recent_ids"] = RecentIds(ids)
+    return ids
 
 
 def add_increment(state: dict[str, Any], increment: Any, *, clock_ms: int | None = None,

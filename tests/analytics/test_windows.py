@@ -3,6 +3,7 @@ idempotent publication, determinism across replays and JSON round trips (recover
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from collections import Counter, defaultdict
@@ -275,6 +276,39 @@ def test_recent_ids_are_bounded():
     assert len(s["recent_ids"]) == 3
     assert add(s, T0 + 4, {"formed": 1}, id="i4", policy=policy).duplicate
     assert add(s, T0, {"formed": 1}, id="i0", policy=policy).counted  # forgotten: beyond the bound
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "add", "add", "json", "copy", "expire"]), st.integers(0, 9),
+                          st.integers(0, 3 * HOUR_MS)), max_size=60), st.integers(1, 6))
+def test_duplicates_are_found_as_a_scan_of_the_persisted_ids_would(ops, keep):
+    """`recent_ids` indexes its digests (windows.RecentIds); the decisions, and the list as it is
+    persisted, are those of scanning the plain list, across JSON round trips, copies and expiry."""
+    policy = WindowPolicy(recent_ids=keep)
+    s = new_state("u1")
+    for op, n, t in ops:
+        if op == "json":
+            s = json.loads(json.dumps(s))
+            continue
+        if op == "copy":
+            s = copy.deepcopy(s)
+            continue
+        if op == "expire":
+            expire(s, T0 + t, policy=policy)
+            continue
+        persisted = [entry[0] for entry in json.loads(json.dumps(s["recent_ids"]))]
+        expected_duplicate = windows_digest(f"id{n}") in persisted
+        before = json.loads(json.dumps(s["recent_ids"]))
+        r = add(s, T0 + t, {"formed": 1}, id=f"id{n}", policy=policy)
+        assert r.duplicate == expected_duplicate
+        if not r.duplicate and r.counted:
+            assert json.loads(json.dumps(s["recent_ids"])) == (before + [[windows_digest(f"id{n}"), T0 + t]])[-keep:]
+        assert len(s["recent_ids"]) <= keep
+
+
+def windows_digest(id_: str) -> str:
+    from streams.analytics.windows import _digest
+    return _digest(id_)
 
 
 def test_zero_and_invalid_counters():
