@@ -614,6 +614,7 @@ class Runtime:
                         async with lock:
                             await checkpoint.run_batch(list(events), handle, cache, self)
                     self._applied.update(event.message for event in events)
+                    self.metrics.flush()
 
     async def consistent_ids(self) -> None:
         """Wait while the schema registry maps an id this worker used differently than before

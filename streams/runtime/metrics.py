@@ -22,7 +22,9 @@ several runtimes (the tests do), each exporting only its own counts. `_created` 
 for the whole process; they would double every counter and histogram for nothing Prometheus uses).
 
 Per record, the Runtime increments counters and observes the histogram: the labelled children are
-looked up once and kept (`labels()` costs about 4× an increment), see `inc_label`.
+looked up once and kept (`labels()` costs about 4× an increment), and the event loop's increments
+are noted in a dict and added to the counters after each batch and before every read (`flush`),
+see `inc_label`.
 
 No Faust, no Kafka (tests/runtime/test_metrics.py parses the output).
 """
@@ -30,6 +32,7 @@ No Faust, no Kafka (tests/runtime/test_metrics.py parses the output).
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterable
 
 from prometheus_client import (
@@ -96,6 +99,8 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._owner = threading.get_ident()  # whose increments wait for `flush` (see `inc_label`)
+        self._pending: dict[tuple[str, str], int] = {}
         self._counters: dict[str, Counter] = {}
         self._children: dict[str, dict[str, Counter]] = {}  # family -> label -> labelled child
         self._gauges: dict[str, Gauge] = {}
@@ -117,7 +122,27 @@ class Metrics:
         self.inc_label(family, label, n)
 
     def inc_label(self, family: str, label: str, n: int = 1) -> None:
-        """`inc(f"{family}:{label}", n)` without building and splitting the name (per record)."""
+        """`inc(f"{family}:{label}", n)` without building and splitting the name (per record).
+        On the thread that made this Metrics (the event loop's) the increment is only noted and
+        reaches its counter at the next `flush` (a prometheus_client increment takes a lock: ~1 µs,
+        several per record); every read flushes first (`render`, `counters`) and the agents flush
+        after each batch. Other threads increment at once."""
+        if threading.get_ident() == self._owner:
+            key = (family, label)
+            self._pending[key] = self._pending.get(key, 0) + n
+            return
+        self._inc_now(family, label, n)
+
+    def flush(self) -> None:
+        """Add the increments noted by `inc_label` to their counters (on the owning thread only:
+        a read from another thread, e.g. /metrics served during a restore, sees them later)."""
+        if not self._pending or threading.get_ident() != self._owner:
+            return
+        pending, self._pending = self._pending, {}
+        for (family, label), n in pending.items():
+            self._inc_now(family, label, n)
+
+    def _inc_now(self, family: str, label: str, n: int) -> None:
         try:
             child = self._children[family][label]
         except KeyError:
@@ -134,6 +159,7 @@ class Metrics:
     def counters(self) -> dict[str, dict[str, float]]:
         """{family: {label: count}} of every counter incremented so far (`label` as counted, the
         `dlq` one `stage/error_class`), read from the counters' own samples."""
+        self.flush()
         out: dict[str, dict[str, float]] = {}
         for family, counter in self._counters.items():
             names = _label_names(family)
@@ -143,6 +169,7 @@ class Metrics:
 
     def render(self) -> bytes:
         """The exposition of everything in the registry (`CONTENT_TYPE`)."""
+        self.flush()
         return generate_latest(self.registry)
 
     def _counter(self, family: str) -> Counter:

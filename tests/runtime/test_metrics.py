@@ -206,6 +206,8 @@ def test_each_metrics_has_its_own_registry():
     a.inc("in:t", 3)
     b.inc("in:t")
     b.observe_latency("t", 0.01)
+    a.flush()
+    b.flush()
     assert a.registry.get_sample_value("memstream_in_total", {"topic": "t"}) == 3
     assert b.registry.get_sample_value("memstream_in_total", {"topic": "t"}) == 1
     assert a.registry.get_sample_value("memstream_processing_seconds_count", {"topic": "t"}) is None
@@ -224,10 +226,42 @@ def test_counters_mapping_reads_the_counters():
 def test_inc_label_reuses_the_labelled_child():
     m = Metrics()
     m.inc_label("in", "t")
+    m.flush()
     child = m._children["in"]["t"]
     m.inc("in:t", 2)
+    m.flush()
     assert m._children["in"]["t"] is child
     assert m.registry.get_sample_value("memstream_in_total", {"topic": "t"}) == 3
+
+
+def test_the_event_loops_increments_reach_the_counters_at_the_next_flush_and_before_every_read():
+    import threading
+
+    m = Metrics()
+    value = lambda: m.registry.get_sample_value("memstream_out_total", {"topic": "t"})  # noqa: E731
+    m.inc_label("out", "t")
+    m.inc("out:t", 2)
+    assert value() is None  # noted, not yet counted (no lock taken per record)
+    m.flush()
+    assert value() == 3
+    m.inc_label("out", "t")
+    assert "memstream_out_total{topic=\"t\"} 4.0" in m.render().decode()  # a scrape flushes first
+    m.inc_label("out", "t", 5)
+    assert m.counters["out"] == {"t": 9}  # so does the dashboard's read
+
+    def elsewhere() -> None:  # another thread counts at once, and cannot flush the loop's notes
+        m.inc_label("out", "u", 2)
+        m.inc_label("out", "t")
+        m.flush()
+
+    m.inc_label("out", "t", 10)
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert m.registry.get_sample_value("memstream_out_total", {"topic": "u"}) == 2
+    assert value() == 10  # 9 + the other thread's 1; the loop's 10 still noted
+    m.flush()
+    assert value() == 20
 
 
 def test_worker_collector_describes_what_it_collects():
@@ -241,4 +275,5 @@ def test_names_are_sanitized():
     assert metric_name("a-b.c d") == "memstream_a_b_c_d"
     m = Metrics()
     m.inc("odd-family.x:v")
+    m.flush()
     assert m.registry.get_sample_value("memstream_odd_family_x_total", {"label": "v"}) == 1
