@@ -9,6 +9,8 @@ import math
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streams.api.health import Health, PartitionLag, WorkerCollector, worker_families
 from streams.runtime.metrics import LATENCY_BUCKETS, Metrics, metric_name
@@ -277,3 +279,24 @@ def test_names_are_sanitized():
     m.inc("odd-family.x:v")
     m.flush()
     assert m.registry.get_sample_value("memstream_odd_family_x_total", {"label": "v"}) == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b.c", "d"]),
+                          st.one_of(st.sampled_from([0.0, *LATENCY_BUCKETS]),
+                                    st.floats(0, 20, allow_nan=False), st.floats(-1, 0))), max_size=60))
+def test_the_latency_histogram_exports_what_prometheus_clients_histogram_exports(observations):
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from streams.runtime.metrics import LatencyHistogram
+
+    theirs_registry, ours_registry = CollectorRegistry(), CollectorRegistry()
+    theirs = Histogram("memstream_processing_seconds", "h", ("topic",), buckets=LATENCY_BUCKETS,
+                       registry=theirs_registry)
+    ours = LatencyHistogram("memstream_processing_seconds", "h", LATENCY_BUCKETS)
+    ours_registry.register(ours)
+    for topic, seconds in observations:
+        theirs.labels(topic).observe(seconds)
+        ours.observe(topic, seconds)
+    # the same lines, in any order of series (sums compared as floats: added in the same order)
+    assert sorted(generate_latest(ours_registry).splitlines()) == sorted(generate_latest(theirs_registry).splitlines())
