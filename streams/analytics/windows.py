@@ -328,27 +328,32 @@ class RecentIds(list):
     """A state's ``recent_ids`` (``[digest, event time]`` entries, oldest first) with a count of
     its digests, so that a duplicate is found without scanning up to ``policy.recent_ids``
     entries per input (a plain list, as it is persisted, is wrapped on its state's first `add`;
-    JSON and copies see a list)."""
+    JSON and copies see a list). An entry whose digest is not a str (a garbled row) is kept and
+    never matches, as the scan it replaces never matched it."""
 
     def __init__(self, entries: Iterable[Any] = ()) -> None:
         super().__init__(entries)
         self.digests: dict[str, int] = {}
         for entry in self:
-            self.digests[entry[0]] = self.digests.get(entry[0], 0) + 1
+            self._count(entry[0], 1)
 
     def remember(self, digest: str, event_time_ms: int, keep: int) -> None:
         """Append an entry; keep the newest `keep`."""
         self.append([digest, event_time_ms])
-        self.digests[digest] = self.digests.get(digest, 0) + 1
+        self._count(digest, 1)
         if len(self) > keep:
             drop = len(self) - keep
             for entry in self[:drop]:
-                left = self.digests[entry[0]] - 1
-                if left:
-                    self.digests[entry[0]] = left
-                else:
-                    del self.digests[entry[0]]
+                self._count(entry[0], -1)
             del self[:drop]
+
+    def _count(self, digest: Any, n: int) -> None:
+        if isinstance(digest, str):
+            left = self.digests.get(digest, 0) + n
+            if left:
+                self.digests[digest] = left
+            else:
+                del self.digests[digest]
 
 
 def _recent_ids(state: dict[str, Any]) -> RecentIds:

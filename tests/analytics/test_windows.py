@@ -306,6 +306,18 @@ def test_duplicates_are_found_as_a_scan_of_the_persisted_ids_would(ops, keep):
         assert len(s["recent_ids"]) <= keep
 
 
+def test_a_garbled_recent_id_never_matches_and_is_dropped_in_turn():
+    """A persisted entry whose digest is not a str (a garbled row) never matched the scan; it
+    does not match the index either, nor stop the state from counting."""
+    policy = WindowPolicy(recent_ids=2)
+    s = new_state("u1")
+    s["recent_ids"] = [[["not", "a", "digest"], T0], [{"x": 1}, T0]]
+    assert add(s, T0, {"formed": 1}, id="a", policy=policy).counted
+    assert add(s, T0, {"formed": 1}, id="a", policy=policy).duplicate
+    assert add(s, T0 + 1, {"formed": 1}, id="b", policy=policy).counted
+    assert [entry[0] for entry in s["recent_ids"]] == [windows_digest("a"), windows_digest("b")]
+
+
 def windows_digest(id_: str) -> str:
     from streams.analytics.windows import _digest
     return _digest(id_)
