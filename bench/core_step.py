@@ -15,7 +15,6 @@ Two kinds of work, the rows of issue 14's table:
 from __future__ import annotations
 
 import json
-import os
 import resource
 import threading
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 from streams.contracts import catalog
 from streams.contracts.wire import CodecFactory
 from streams.core import UserMemory, process_candidate, process_event
+from streams.tools.kafkatools import stat_cpu_seconds
 
 WORKS = ("core", "counter")
 
@@ -67,11 +67,9 @@ def thread_cpu(pid: int | str = "self") -> dict[int, tuple[str, float]]:
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            comm = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(task.name)] = ((task / "comm").read_text().strip(), stat_cpu_seconds(task / "stat"))
         except OSError:  # the thread ended meanwhile
             continue
-        out[int(task.name)] = (comm, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
     return out
 
 

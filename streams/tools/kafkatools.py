@@ -164,7 +164,12 @@ def worker_health(port: int, host: str = "127.0.0.1", timeout: float = 5) -> dic
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time a live process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
+
+
+def stat_cpu_seconds(stat: Path) -> float:
+    """User + system CPU time in a /proc `stat` file (a process's, or a thread's under `task/`)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
