@@ -125,6 +125,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from statistics import median
 
 import orjson
 from aiokafka.partitioner import murmur2
@@ -1171,12 +1172,6 @@ def report_samejob(runs: list[SameJob]) -> None:
                 "by py-spy, the other threads from /proc):\n")
             for line in profile_parts.side_by_side(*sj.parts):
                 say(line)
-
-
-def median(values: Iterable[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def report_added(core: Peer, systems: list[tuple[str, float]], quix: Peer | None) -> None:
