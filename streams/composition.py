@@ -27,17 +27,19 @@ def api_areas() -> list[ModuleType]:
 def register_all(rt: Runtime) -> None:
     """Every agent on `rt` (checked against their declared topology), then every API area."""
     from streams.agents import analytics, graphs, memory, processors, sessions
+    from streams.api import analytics as analytics_api
     from streams.api import http
     from streams.api import memory as memory_api
     from streams.runtime import topology
 
     http.tokens_of(rt)  # a bad MEMSTREAM_API_TOKENS stops the worker here, before anything starts
-    analytics.register(rt)
+    contained = analytics.register(rt)
     agent = memory.register(rt)
     graphs.register(rt)
     sessions.register(rt)
     topology.check(rt, processors())  # what they registered is what they declare (once, at start)
     memory_api.attach(rt.app, agent)  # the memory views read and send through the memory agent
+    analytics_api.attach(rt.app, contained)  # the analytics views leave out the subjects it contained
     for area in api_areas():
         area.blueprint.register(rt.app)
 

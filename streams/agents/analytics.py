@@ -23,6 +23,15 @@ is when the batch writes (streams/runtime/checkpoint.py, "Tables with more than 
 Both commute, so no interleaving of feeds and ticks loses an increment or drops an unpublished
 window. The table is declared `checkpoint.updates_only`: a plain `cp.write` to it raises.
 
+A subject whose row cannot be read or counted into (its stored bytes do not decode, or its
+structure is not a state's: a bug, an older version, a hand-written changelog record) is
+*contained* (`Contained`): its increments are not counted (`analytics_refused_total{label=
+"contained"}`), its row is left as it is and not published, its HTTP view answers 503, the summary
+leaves it out, and gauge `memstream_analytics_subjects_contained` counts it — rather than failing
+every batch that touches it (a worker that exits on a stored row exits again after every
+restart). Every other subject, and the memory agent's own work, goes on. An erasure deletes the
+row (and so repairs it); a rebalance forgets what was contained (found again on its next use).
+
 Record key: the catalog keys memory.analytics.v1 by `motebit_id`; each record is the complete
 aggregate of one window (`window`, `window_start` in the value), so re-publishing is harmless.
 Because the topic is compacted, a reader that starts late sees only the latest window per
@@ -32,6 +41,7 @@ under `session:<id>` / `graph:<id>` keys (they have no user).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -46,6 +56,7 @@ from streams.analytics import (
     new_state,
     partition_clock,
     records_due,
+    state_problem,
     subject_partition,
 )
 from streams.contracts import catalog
@@ -54,6 +65,8 @@ from streams.runtime.topology import Processor, Timer
 
 if TYPE_CHECKING:
     from streams.runtime.app import Runtime
+
+log = logging.getLogger("memstream.analytics")
 
 TABLE = "analytics"  #: subject (a user id, `session:<id>`, `graph:<id>`, `(unknown):<p>`) -> its windows
 
@@ -67,8 +80,61 @@ PROCESSOR = Processor(
 )
 
 
-def register(rt: Runtime) -> None:
+class Contained:
+    """The subjects of this worker whose analytics row cannot be read or counted into (subject ->
+    why), since the last rebalance."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.why: dict[str, str] = {}
+
+    def __contains__(self, subject: str) -> bool:
+        return subject in self.why
+
+    def add(self, subject: str, why: str) -> None:
+        if subject not in self.why:
+            log.error("analytics state of %r cannot be read (%s): its increments are not counted and it is not "
+                      "published until the row is repaired (docs/state-and-failures.md)", subject[:200], why[:500])
+        self.why[subject] = why[:500]
+        self.rt.metrics.set_gauge("analytics_subjects_contained", len(self.why))
+
+    def release(self, subject: str) -> None:
+        """The row was deleted (an erasure): nothing left to contain."""
+        if self.why.pop(subject, None) is not None:
+            self.rt.metrics.set_gauge("analytics_subjects_contained", len(self.why))
+
+    async def on_rebalance(self, *_args: Any, **_kwargs: Any) -> None:
+        """Partitions moved: what was contained is found again on its next use."""
+        self.why.clear()
+        self.rt.metrics.set_gauge("analytics_subjects_contained", 0)
+
+    def problem(self, subject: str, state: Any) -> str | None:
+        """Why `state` (a row as read) is not `subject`'s state — containing the subject — else None."""
+        why = subject_problem(subject, state)
+        if why is not None:
+            self.add(subject, why)
+        return why
+
+
+def subject_problem(subject: str, state: Any) -> str | None:
+    """Why a stored row is not `subject`'s analytics state (None: it is one)."""
+    if state is None:
+        return None
+    why = state_problem(state)
+    if why is None and state["subject"] != subject:
+        why = f"the row holds the state of {str(state['subject'])[:200]!r}"
+    return why
+
+
+def undecodable(exc: Exception) -> str:
+    """Why a row that does not decode is contained."""
+    return f"the stored row does not decode ({type(exc).__name__}: {exc})"
+
+
+def register(rt: Runtime) -> Contained:
     table = checkpoint.updates_only(rt.table(TABLE))
+    contained = Contained(rt)
+    rt.app.on_partitions_assigned.connect(contained.on_rebalance)
 
     def feed(cp: checkpoint.Checkpoint, increments: Iterable) -> None:
         now = int(time.time() * 1000)
@@ -76,16 +142,33 @@ def register(rt: Runtime) -> None:
         for inc in increments:
             by_subject.setdefault(inc.subject, []).append(inc)
         for subject, incs in by_subject.items():
-            cp.update(table, subject, _adder(subject, incs, now))
+            cp.update(table, subject, _adder(subject, incs, now), unreadable=_unreadable(subject, len(incs)))
 
     def _adder(subject: str, incs: list, now_ms: int):
-        def add_to(state: dict | None) -> dict:
+        def add_to(state: dict | None) -> Any:
+            if subject in contained:
+                rt.count("analytics_refused:contained", len(incs))
+                return checkpoint.KEEP
+            stored = state
             state = state if state is not None else new_state(subject)
-            for inc in incs:
-                for refused in add_increment(state, inc, now_ms=now_ms).refused:
-                    rt.count(f"analytics_refused:{refused.reason}")
+            try:
+                refusals = [r.reason for inc in incs for r in add_increment(state, inc, now_ms=now_ms).refused]
+            except Exception:  # noqa: BLE001 - a row that is not a state: contain the subject, not the batch
+                if contained.problem(subject, stored) is None:
+                    raise  # the row is a state: the failure is not the row's
+                rt.count("analytics_refused:contained", len(incs))
+                return checkpoint.KEEP  # `state` may be half changed: nothing of it is written
+            for reason in refusals:
+                rt.count(f"analytics_refused:{reason}")
             return state
         return add_to
+
+    def _unreadable(subject: str, n: int):
+        def keep(exc: Exception) -> Any:
+            contained.add(subject, undecodable(exc))
+            rt.count("analytics_refused:contained", n)
+            return checkpoint.KEEP
+        return keep
 
     class Hook:
         """The analytics agent's subscription to the pipeline (streams/runtime/handlers.py)."""
@@ -96,7 +179,10 @@ def register(rt: Runtime) -> None:
         def erase(cp: checkpoint.Checkpoint, subject: str) -> None:
             # an erasure (memory agent) removes the user's row; staged as an update, so it also
             # drops the increments the same batch fed before it
-            cp.update(table, subject, lambda _state: checkpoint.DELETE)
+            def erased(_row: Any) -> Any:
+                contained.release(subject)  # the row is gone, garbled or not
+                return checkpoint.DELETE
+            cp.update(table, subject, erased, unreadable=erased)
 
         @staticmethod
         def dead_lettered(cp: checkpoint.Checkpoint, record: Mapping[str, Any], event_time_ms: int, index: int,
@@ -109,21 +195,38 @@ def register(rt: Runtime) -> None:
     async def publish(cp: checkpoint.Checkpoint, partition: int, now_ms: int) -> None:
         # the rows of this partition's store only (a scan of the whole table at every
         # partition's tick cost a worker with many partitions most of its event loop)
-        mine = state_scan.partition_items(table, partition, lambda s: subject_partition(s, rt.partition_of) == partition)
+        mine = state_scan.partition_items(table, partition, lambda s: subject_partition(s, rt.partition_of) == partition,
+                                          unreadable=lambda s, exc: contained.add(s, undecodable(exc)))
         clock = partition_clock(st for _s, st in mine)
         for subject, state in mine:  # `state` is as read: rows change while the sends await
-            pairs = records_due(state)
-            for _snapshot, record in pairs:
-                await cp.send(catalog.MEMORY_ANALYTICS, subject, record)
-            if pairs or _expirable(state, clock):
-                cp.update(table, subject, _publisher([snap for snap, _r in pairs], clock))
+            if subject in contained:
+                continue
+            try:
+                pairs, expirable = records_due(state), _expirable(state, clock)
+            except Exception:  # noqa: BLE001 - a row that is not a state
+                if contained.problem(subject, state) is None:
+                    raise
+                continue
+            # checked in full only when there is something to do (the subjects fed since the last tick)
+            if (pairs or expirable) and contained.problem(subject, state) is None:
+                for _snapshot, record in pairs:
+                    await cp.send(catalog.MEMORY_ANALYTICS, subject, record)
+                cp.update(table, subject, _publisher(subject, [snap for snap, _r in pairs], clock),
+                          unreadable=lambda _exc: checkpoint.KEEP)
 
-    def _publisher(snapshots: list, clock: int | None):
+    def _publisher(subject: str, snapshots: list, clock: int | None):
         def published(state: dict | None):
             if state is None:  # never deleted; nothing to mark
                 return checkpoint.DELETE
-            mark_published(state, snapshots)
-            expire(state, clock)
+            if subject in contained:
+                return checkpoint.KEEP
+            try:
+                mark_published(state, snapshots)
+                expire(state, clock)
+            except Exception:  # noqa: BLE001 - garbled since it was read
+                if contained.problem(subject, state) is None:
+                    raise
+                return checkpoint.KEEP
             return state
         return published
 
@@ -133,3 +236,4 @@ def register(rt: Runtime) -> None:
         return any(is_expired(w["window"], w["start"], clock) for w in state["windows"].values())
 
     rt.ticks("analytics", catalog.MEMORY_CANDIDATES, publish)
+    return contained

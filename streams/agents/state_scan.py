@@ -174,13 +174,16 @@ def partition_users(table: TableT, partition: int, partition_of, limit: int | No
     return list(users)
 
 
-def partition_items(table: TableT, partition: int, owned: Callable[[str], bool]) -> list[tuple[str, Any]]:
+def partition_items(table: TableT, partition: int, owned: Callable[[str], bool],
+                    unreadable: Callable[[str, Exception], None] | None = None) -> list[tuple[str, Any]]:
     """Every row `(key, value)` of one partition's store, values decoded (None values skipped).
     RocksDB: the partition's own database only (when it is active here), not every active
     partition's as the table's `items()` reads them; any other store: the table's items whose
     key is `owned`. A partition-local timer that read the whole table at each of its ticks read
     it once per owned partition per interval: a cost that grows with the square of the
-    partitions a worker owns (issue 34, bench/RESULTS.md)."""
+    partitions a worker owns (issue 34, bench/RESULTS.md). `unreadable(key, error)`: told of a
+    RocksDB row whose value does not decode, which is then left out (without it, the error is
+    raised)."""
     store = rocksdb_store(table)
     if store is None:
         return [(k, v) for k, v in table.items() if v is not None and owned(k)]
@@ -192,9 +195,29 @@ def partition_items(table: TableT, partition: int, owned: Callable[[str], bool])
     for key, value in db.items():
         if key == offset_key:
             continue
-        row = decode(value)
+        try:
+            row = decode(value)
+        except Exception as exc:  # noqa: BLE001 - whatever the table's value serializer raises
+            if unreadable is None:
+                raise
+            unreadable(key.decode(errors="replace"), exc)
+            continue
         if row is not None:
             out.append((key.decode(), row))
+    return out
+
+
+def table_items(table: TableT, unreadable: Callable[[str, Exception], None]) -> list[tuple[str, Any]]:
+    """Every row `(key, value)` of the table's active partitions, as its `items()` reads them, but
+    a RocksDB row whose value does not decode is told to `unreadable(key, error)` and left out
+    (the table's `items()` would stop at it)."""
+    store = rocksdb_store(table)
+    if store is None:
+        return [(k, v) for k, v in table.items() if v is not None]
+    active = _actives(store, table)
+    out: list[tuple[str, Any]] = []
+    for partition in sorted(p for p in rocksdb_open_partitions(store) if active(p)):
+        out.extend(partition_items(table, partition, lambda _key: True, unreadable))
     return out
 
 

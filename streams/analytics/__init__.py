@@ -94,6 +94,7 @@ from .windows import (
     new_state,
     partition_clock,
     records_due,
+    state_problem,
     to_record,
     window_bounds,
     window_identity,
@@ -109,5 +110,5 @@ __all__ = [
     "COUNTERS", "DEFAULT_POLICY", "EVENT_COUNTERS", "HOUR", "MINUTE", "SIZES", "TOO_EARLY", "TOO_LATE",
     "AddResult", "Refused", "WindowPolicy", "add", "add_increment", "due", "expire", "is_expired", "is_idle",
     "mark_published", "new_state", "partition_clock", "records_due",
-    "to_record", "window_bounds", "window_identity", "windows_of",
+    "state_problem", "to_record", "window_bounds", "window_identity", "windows_of",
 ]

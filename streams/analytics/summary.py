@@ -21,7 +21,8 @@ Shape::
      "by_kind": {"user": {<totals>}, "session": {...}, "graph": {...}, "unknown": {...}},
      "series": [{"window_start", "window_end", <totals>}, ...],            # oldest first
      "top_users": [{"motebit_id", "events", <totals>}, ...],               # most events first
-     "too_late": {"minute": n, "hour": n}, "too_early": n, "duplicates": n}
+     "too_late": {"minute": n, "hour": n}, "too_early": n, "duplicates": n,
+     "contained": n}   # subjects left out: their stored state cannot be read (the worker sets it)
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def _empty(window: str, since_ms: int | None, until_ms: int | None) -> dict[str,
         "by_kind": {k: _zero() for k in SUBJECT_KINDS},
         "series": [], "top_users": [],
         "too_late": {s: 0 for s in SIZES}, "too_early": 0, "duplicates": 0,
+        "contained": 0,
     }
 
 
@@ -168,6 +170,7 @@ def merge_summaries(parts: Iterable[Mapping[str, Any]], *, top: int = DEFAULT_TO
             out["too_late"][size] += p["too_late"].get(size, 0)
         out["too_early"] += p["too_early"]
         out["duplicates"] += p["duplicates"]
+        out["contained"] += p.get("contained", 0)
         for point in p["series"]:
             acc = series.get(point["window_start"])
             if acc is None:

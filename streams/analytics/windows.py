@@ -224,6 +224,60 @@ def new_state(subject: str, clock_ms: int | None = None) -> dict[str, Any]:
     }
 
 
+_STATE_INTS = ("too_early", "duplicates")
+_WINDOW_INTS = ("start", "end", "updated_at", "rev", "published")
+
+
+def state_problem(state: Any) -> str | None:
+    """Why ``state`` (a row as stored: anything) is not a state the functions of this module can
+    use, or None when it is one. The shell contains a subject whose row has a problem (neither
+    counted into nor published) instead of failing on it; O(windows + ids)."""
+    if not isinstance(state, dict):
+        return f"not an object but {type(state).__name__}"
+    for name in ("subject", "clock", "windows", "too_late", "too_early", "duplicates", "recent_ids"):
+        if name not in state:
+            return f"no {name!r}"
+    if not isinstance(state["subject"], str):
+        return "'subject' is not a string"
+    if state["clock"] is not None and not _is_int(state["clock"]):
+        return "'clock' is neither an integer nor null"
+    for name in _STATE_INTS:
+        if not _is_int(state[name]):
+            return f"{name!r} is not an integer"
+    too_late = state["too_late"]
+    if not isinstance(too_late, dict) or any(not _is_int(too_late.get(size)) for size in SIZES):
+        return f"'too_late' is not an integer per window size ({', '.join(SIZES)})"
+    windows = state["windows"]
+    if not isinstance(windows, dict):
+        return "'windows' is not an object"
+    for key, w in windows.items():
+        why = _window_problem(w)
+        if why is None and key != window_key(w["window"], w["start"]):
+            why = f"it is kept under another key than {window_key(w['window'], w['start'])!r}"
+        if why is not None:
+            return f"window {str(key)[:80]!r}: {why}"
+    ids = state["recent_ids"]
+    if not isinstance(ids, list) or any(not isinstance(e, list) or len(e) != 2 or not _is_int(e[1]) for e in ids):
+        return "'recent_ids' is not a list of [digest, event time] pairs"
+    return None
+
+
+def _window_problem(w: Any) -> str | None:
+    if not isinstance(w, dict):
+        return "not an object"
+    if not isinstance(w.get("window"), str) or w["window"] not in SIZES:
+        return f"'window' is not one of {', '.join(SIZES)}"
+    for name in _WINDOW_INTS:
+        if not _is_int(w.get(name)):
+            return f"{name!r} is not an integer"
+    if w["end"] != w["start"] + SIZES[w["window"]]:
+        return "'end' is not 'start' plus the window's size"
+    counters = w.get("counters")
+    if not isinstance(counters, dict) or any(not isinstance(k, str) or not _is_int(v) for k, v in counters.items()):
+        return "'counters' is not an object of integers"
+    return None
+
+
 def window_bounds(event_time_ms: int, size: str) -> tuple[int, int]:
     """``(start, end)`` of the ``size`` window holding ``event_time_ms`` (start inclusive, end
     exclusive; floor division, so negative times work too)."""
@@ -245,7 +299,7 @@ def partition_clock(states: Iterable[Mapping[str, Any] | None]) -> int | None:
     """The greatest clock of the given states (one partition's subjects): pass it as
     ``clock_ms`` to :func:`expire` so idle subjects' windows expire too, and to
     :func:`new_state` for a subject first seen on that partition."""
-    clocks = [c for s in states if s is not None and (c := s.get("clock")) is not None]
+    clocks = [s["clock"] for s in states if isinstance(s, Mapping) and _is_int(s.get("clock"))]
     return max(clocks) if clocks else None
 
 

@@ -9,9 +9,13 @@ subjects, or with `?scope=fleet` merged with every other worker's part (`PEER_TI
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 from faust.web import Blueprint, Request, Response
 
+from streams.agents import state_scan
+from streams.agents.analytics import Contained, undecodable
 from streams.analytics import HOUR, MINUTE, merge_summaries, summarize, windows_of
 from streams.analytics import to_record as window_record
 from streams.api.http import ApiView, BadRequest, authenticated, parse_ms
@@ -23,9 +27,26 @@ PEER_TIMEOUT_S = 5.0  # a fleet summary asks every other worker for its part
 blueprint = Blueprint("analytics")
 
 
+def attach(app: Any, contained: Contained) -> None:
+    """Give `app`'s analytics views the analytics agent's record of contained subjects."""
+    app.memstream_analytics_contained = contained
+
+
+class AnalyticsView(ApiView):
+    """A view of the analytics area."""
+
+    @property
+    def contained(self) -> Contained:
+        """The analytics agent's contained subjects (`attach`)."""
+        contained = getattr(self.app, "memstream_analytics_contained", None)
+        if contained is None:
+            raise LookupError("the analytics agent is not attached to this app (streams.api.analytics.attach)")
+        return contained
+
+
 # routed first: aiohttp matches in order, so /summary is not taken for a motebit_id
 @blueprint.route("/v1/analytics/summary")
-class FleetSummary(ApiView):
+class FleetSummary(AnalyticsView):
     @authenticated
     async def get(self, request: Request, allowed: str) -> Response:
         """This worker's subjects; with ?scope=fleet, merged with every other worker's."""
@@ -33,7 +54,7 @@ class FleetSummary(ApiView):
         size = WINDOW_PARAM.get(request.query.get("window", "1h"))
         if size is None:
             return self.problem(400, "window must be 1m or 1h")
-        local = summarize((st for _s, st in self.runtime.tables[TABLE].items()), window=size)
+        local = self._local_summary(size)
         if request.query.get("scope") != "fleet":
             return self.reply(local)
         parts = [local]
@@ -52,8 +73,23 @@ class FleetSummary(ApiView):
         return self.reply(merge_summaries(parts))
 
 
+    def _local_summary(self, size: str) -> dict:
+        """This worker's subjects, without those whose state cannot be read (contained: counted)."""
+        contained, undecoded = self.contained, []
+
+        def unreadable(subject: str, exc: Exception) -> None:
+            contained.add(subject, undecodable(exc))
+            undecoded.append(subject)
+
+        rows = state_scan.table_items(self.runtime.tables[TABLE], unreadable)
+        states = [st for s, st in rows if s not in contained and contained.problem(s, st) is None]
+        out = summarize(states, window=size)
+        out["contained"] = len(undecoded) + len(rows) - len(states)
+        return out
+
+
 @blueprint.route("/v1/analytics/{motebit_id}")
-class UserAnalytics(ApiView):
+class UserAnalytics(AnalyticsView):
     @authenticated
     async def get(self, request: Request, motebit_id: str, allowed: str) -> Response:
         table = self.runtime.tables[TABLE]
@@ -68,7 +104,15 @@ class UserAnalytics(ApiView):
             hi = parse_ms(request.query, "to", 2**62)
         except BadRequest as exc:
             return self.problem(400, str(exc))
-        state = table.get(motebit_id)
+        try:
+            state = table.get(motebit_id)
+        except Exception as exc:  # noqa: BLE001 - whatever the table's value serializer raises
+            self.contained.add(motebit_id, undecodable(exc))
+            state = None
+        if motebit_id in self.contained or self.contained.problem(motebit_id, state) is not None:
+            return self.unavailable(f"the analytics state of {motebit_id[:200]!r} cannot be read "
+                                    f"({self.contained.why.get(motebit_id, 'unreadable')}); it is counted again "
+                                    "once the row is repaired")
         windows = [window_record(motebit_id, w) for w in windows_of(state, size)] if state else []
         windows = [w for w in windows if lo <= w["window_start"] < hi]
         return self.reply({"motebit_id": motebit_id, "window": request.query.get("window", "1m"),

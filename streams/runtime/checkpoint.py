@@ -76,6 +76,9 @@ writer discipline, and a table written by several agents uses one of these two:
   staged writes of that key. Writers may then interleave freely as long as their functions
   commute on what they change (adding to counters does; marking "published up to revision r"
   does). `updates_only(table)` makes `Checkpoint.write` refuse plain values for such a table.
+  An update may return ``KEEP`` (nothing is written for it) and may say what to write when the
+  stored row does not decode (``unreadable``): the analytics agent contains a subject whose row it
+  cannot read instead of failing every batch that touches it.
 
 Which table uses which (keep this list current when adding a writer: `Runtime.tables` lists
 the tables; grep `cp.write(`, `cp.update(` and `feed_analytics` for their writers;
@@ -96,6 +99,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -107,6 +111,9 @@ from faust.types import EventT, TableT
 from streams.runtime import faust_internals
 
 DELETE = object()  #: a staged value meaning "remove the row"
+#: what an update returns to leave its row as it was: nothing is written for it (the row stays as
+#: stored, or as the attempt's earlier writes of the key left it)
+KEEP = object()
 
 
 class CheckpointFinished(RuntimeError):
@@ -121,6 +128,23 @@ class Update:
     effects other than on the row (counting statistics is tolerable)."""
 
     fn: Callable[[Any], Any]
+    #: the value (a row, DELETE or KEEP) to use when the stored row cannot be read (its bytes do
+    #: not decode); without it, the read's error fails the batch
+    unreadable: Callable[[Exception], Any] | None = None
+    #: False: `fn` does not look at the row (it is given None; nothing is read)
+    reads: bool = True
+
+    def apply(self, read: Callable[[], Any]) -> Any:
+        """`fn` of the stored row, `read()` (or `unreadable` of the error the read raised)."""
+        if not self.reads:
+            return self.fn(None)
+        if self.unreadable is None:
+            return self.fn(read())
+        try:
+            row = read()
+        except Exception as exc:  # noqa: BLE001 - a stored row that does not decode, whatever its decoder raised
+            return self.unreadable(exc)
+        return self.fn(row)
 
 
 @dataclass
@@ -180,20 +204,26 @@ def current_row(table: TableT, key: str) -> Any:
     return row if isinstance(getattr(table, "data", None), SerializedStore) else copy.deepcopy(row)
 
 
-def _then(first: Any, then: Update, cp: Checkpoint) -> Update:
+def _then(first: Any, then: Update, cp: Checkpoint, read: Callable[[], Any]) -> Update:
     """`then` applied after an earlier staged value of the same key (a value, DELETE, an Update
-    or a callable(checkpoint))."""
-    def fn(row: Any) -> Any:
-        if isinstance(first, Update):
-            before = first.fn(row)
-        elif first is DELETE:
-            before = DELETE
-        elif callable(first):
-            before = first(cp)
-        else:
-            before = copy.deepcopy(first)
-        return then.fn(None if before is DELETE else before)
-    return Update(fn)
+    or a callable(checkpoint)); `read()` reads the stored row."""
+    if isinstance(first, Update):
+        def unreadable(exc: Exception) -> Any:
+            return _after(first.unreadable(exc), then, read)  # type: ignore[misc]
+        return Update(lambda row: _after(first.fn(row), then, read),
+                      unreadable if first.unreadable is not None else None, first.reads)
+
+    def fn(_row: Any) -> Any:
+        before = DELETE if first is DELETE else first(cp) if callable(first) else copy.deepcopy(first)
+        return _after(before, then, read)
+    return Update(fn, reads=False)
+
+
+def _after(before: Any, then: Update, read: Callable[[], Any]) -> Any:
+    """What `then` makes of the value an earlier write left (`before`): after KEEP, `then` gets
+    the stored row (read again); `then` returning KEEP leaves `before`."""
+    after = then.apply(read) if before is KEEP else then.fn(None if before is DELETE else before)
+    return before if after is KEEP else after
 
 
 #: `with in_event(event):` makes `event` Faust's current event (a table write goes to its partition).
@@ -291,16 +321,19 @@ class Checkpoint:
             group = key.split(group_sep, 1)[0]
             self._groups.setdefault((id(table), group), []).append(key)
         elif isinstance(value, Update):
-            value = _then(self._writes[slot].value, value, self)
+            value = _then(self._writes[slot].value, value, self, lambda: self._stored_row(table, key))
         self._writes[slot] = _Write(table, key, value, self.event, first)
 
-    def update(self, table: TableT, key: str, fn: Callable[[Any], Any], first: bool = False) -> None:
-        """Stage `fn(row) -> row` (or DELETE), applied to the row as it is when written, after this
-        attempt's earlier writes of the key: the discipline of a table that several agents write
-        without a common lock. `fn` owns the row it is given (it may change it) and returns it or
-        a new object that nothing else keeps: the runtime may keep the row it writes, decoded,
-        for the key's next update (streams/runtime/row_cache.py)."""
-        self.write(table, key, Update(fn), first)
+    def update(self, table: TableT, key: str, fn: Callable[[Any], Any], first: bool = False,
+               unreadable: Callable[[Exception], Any] | None = None) -> None:
+        """Stage `fn(row) -> row` (or DELETE, or KEEP: nothing written), applied to the row as it is
+        when written, after this attempt's earlier writes of the key: the discipline of a table
+        that several agents write without a common lock. `fn` owns the row it is given (it may
+        change it, also when it returns KEEP) and returns it or a new object that nothing else
+        keeps: the runtime may keep the row it writes, decoded, for the key's next update
+        (streams/runtime/row_cache.py). `unreadable(error)`: the value instead, when the stored
+        row does not decode (without it, that fails the batch)."""
+        self.write(table, key, Update(fn, unreadable), first)
 
     def read(self, table: TableT, key: str, default: Any = None) -> Any:
         """Read through the attempt: the last value staged for the key (an update: applied to
@@ -308,7 +341,9 @@ class Checkpoint:
         w = self._writes.get((id(table), key))
         if w is None:
             return table.get(key, default)
-        value = w.value.fn(current_row(table, key)) if isinstance(w.value, Update) else w.value
+        value = w.value.apply(lambda: current_row(table, key)) if isinstance(w.value, Update) else w.value
+        if value is KEEP:
+            return table.get(key, default)
         return default if value is DELETE else value
 
     def staged_rows(self, table: TableT, group: str) -> dict[str, Any]:
@@ -318,7 +353,10 @@ class Checkpoint:
         for k in self._groups.get((id(table), group), ()):
             if k != group:
                 v = self._writes[(id(table), k)].value
-                out[k] = v.fn(current_row(table, k)) if isinstance(v, Update) else v
+                stored: Callable[[], Any] = functools.partial(current_row, table, k)
+                out[k] = v.apply(stored) if isinstance(v, Update) else v
+                if out[k] is KEEP:
+                    out[k] = stored()
         return out
 
     def add_bytes(self, group: str, n: int, budget: int) -> None:
@@ -338,10 +376,14 @@ class Checkpoint:
             await asyncio.gather(*self.state_acks)
             self.state_acks.clear()
 
+    def _stored_row(self, table: TableT, key: str) -> Any:
+        """The row an update is applied to in step 3 (`Sink.read_row`; `current_row` without a sink)."""
+        return current_row(table, key) if self._sink is None else self._sink.read_row(table, key)
+
     def _evaluate(self, w: _Write) -> Any:
         """The row a staged value stands for, now."""
         if isinstance(w.value, Update):
-            return w.value.fn(current_row(w.table, w.key) if self._sink is None else self._sink.read_row(w.table, w.key))
+            return w.value.apply(lambda: self._stored_row(w.table, w.key))
         if callable(w.value):
             return w.value(self)
         return w.value
@@ -353,7 +395,9 @@ class Checkpoint:
         rows = []
         for w in ordered:  # every value first (an update reads its row), then the writes
             with in_event(w.event):
-                rows.append(Row(w.table, w.key, self._evaluate(w), w.event))
+                value = self._evaluate(w)
+            if value is not KEEP:
+                rows.append(Row(w.table, w.key, value, w.event))
         if self._sink is not None:
             self._sink.write_rows(self, rows)
         else:

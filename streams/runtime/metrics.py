@@ -85,6 +85,9 @@ FAMILY_LABELS: dict[str, tuple[tuple[str, ...], str]] = {
 
 GAUGE_HELP: dict[str, str] = {
     "memory_users_contained": "Users whose memory state could not be rebuilt on this worker (records dead-lettered, queries 503), among the users read since the last rebalance (a user is read on first touch).",
+    "analytics_subjects_contained": ("Analytics subjects (users, sessions, graphs) whose stored state this worker cannot read or count "
+                                     "into (increments refused as `contained`, not published, their view 503, left out of the "
+                                     "summary), since the last rebalance."),
     "memory_foreign_rows": "memory-state rows skipped because their owner differs from their key, among the users read since the last rebalance.",
     "memory_users_loaded": "Users whose memory state this worker holds loaded (the LRU bounded by MEMSTREAM_LOADED_NODES_MAX).",
     "memory_nodes_loaded": ("Live nodes (+1 per user, + a 32nd of the superseded nodes' and de-duplication ids they hold) of the loaded users, "

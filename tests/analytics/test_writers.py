@@ -43,8 +43,8 @@ class SerializedTable:
         self.rows[key] = json.dumps(value)
 
     def pop(self, key, default=None):
-        raw = self.rows.pop(key, None)
-        return default if raw is None else json.loads(raw)
+        self.rows.pop(key, None)  # not decoded, as the runtime's direct RocksDB write deletes (Runtime._write_direct)
+        return default
 
     def items(self):
         return [(k, json.loads(v)) for k, v in self.rows.items()]
@@ -74,6 +74,10 @@ class FakeRuntime:
         self.tick_handler = None
         self.hooks: list = []
         self.settings = SimpleNamespace(partitions=1)
+        self.rebalance_handlers: list = []
+        self.gauges: dict[str, float] = {}
+        self.app = SimpleNamespace(on_partitions_assigned=SimpleNamespace(connect=self.rebalance_handlers.append))
+        self.metrics = SimpleNamespace(set_gauge=self.gauges.__setitem__)
 
     def table(self, name: str):
         assert name == "analytics"

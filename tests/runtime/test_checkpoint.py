@@ -321,6 +321,92 @@ def test_an_update_after_a_staged_value_or_delete_builds_on_it_and_sees_a_privat
     assert table["n"] == {"count": 7}
 
 
+class Unreadable(Table):
+    """A table whose rows under `bad` keys do not decode (a garbled stored row)."""
+
+    def __init__(self, log: list, bad: set[str]) -> None:
+        super().__init__(log)
+        self.bad = bad
+        self.reads: list[str] = []
+
+    def get(self, key, default=None):
+        self.reads.append(key)
+        if key in self.bad:
+            raise ValueError(f"row {key!r} does not decode")
+        return super().get(key, default)
+
+
+def test_an_update_that_keeps_its_row_writes_nothing_and_the_next_one_reads_the_stored_row_again():
+    log: list = []
+    table = Table(log)
+    dict.__setitem__(table, "k", {"count": 5})
+    dict.__setitem__(table, "s", {"count": 5})
+
+    def spoil_and_keep(row):
+        row["count"] = -1  # changed, then given up: nothing of it may be written
+        return checkpoint.KEEP
+
+    def bump(row):
+        row = row if row is not None else {"count": 0}
+        row["count"] += 1
+        return row
+
+    async def handle(cp, ev) -> bool:
+        cp.update(table, "k", spoil_and_keep)
+        cp.update(table, "s", spoil_and_keep)
+        cp.update(table, "s", bump)  # after KEEP: the stored row, read again
+        cp.write(table, "v", {"count": 40})
+        cp.update(table, "v", lambda row: checkpoint.KEEP)  # keeps the staged value
+        cp.write(table, "d", {"count": 1})
+        cp.update(table, "d", lambda row: checkpoint.DELETE)
+        cp.update(table, "d", lambda row: checkpoint.KEEP)  # keeps the staged deletion
+        assert cp.read(table, "k") == {"count": 5} and cp.read(table, "d") is None
+        return True
+
+    asyncio.run(checkpoint.run_batch([event(1, 1)], handle))
+    assert table == {"k": {"count": 5}, "s": {"count": 6}, "v": {"count": 40}}
+    assert [(k, v if v is checkpoint.DELETE else v["count"]) for k, v, _p in log] == [
+        ("s", 6), ("v", 40), ("d", checkpoint.DELETE)]  # nothing written for "k"
+
+
+def test_an_update_given_an_unreadable_row_uses_its_unreadable_value_and_without_one_fails_the_batch():
+    log: list = []
+    table = Unreadable(log, bad={"bad", "worse"})
+    seen: list[str] = []
+
+    def keep(exc):
+        seen.append(str(exc))
+        return checkpoint.KEEP
+
+    async def tolerant(cp, ev) -> bool:
+        cp.update(table, "bad", lambda row: {"count": 1}, unreadable=keep)
+        cp.update(table, "bad", lambda row: {"count": 2}, unreadable=lambda exc: {"count": 99})  # re-reads
+        cp.update(table, "worse", lambda row: {"count": 1}, unreadable=keep)
+        cp.write(table, "gone", checkpoint.DELETE)
+        return True
+
+    asyncio.run(checkpoint.run_batch([event(0, 1)], tolerant))
+    assert dict(table) == {"bad": {"count": 99}}  # "worse" kept (not written); nothing for "gone" to read
+    assert seen == ["row 'bad' does not decode", "row 'worse' does not decode"]
+
+    async def erase_first(cp, ev) -> bool:  # a deletion staged first: the update needs no read
+        cp.write(table, "worse", checkpoint.DELETE)
+        cp.update(table, "worse", lambda row: {"count": 0 if row is None else -1})
+        return True
+
+    reads = len(table.reads)
+    asyncio.run(checkpoint.run_batch([event(0, 2)], erase_first))
+    assert table["worse"] == {"count": 0} and len(table.reads) == reads
+
+    async def strict(cp, ev) -> bool:
+        cp.update(table, "bad-again", lambda row: row)
+        return True
+
+    table.bad.add("bad-again")
+    with pytest.raises(ValueError, match="does not decode"):
+        asyncio.run(checkpoint.run_batch([event(0, 3)], strict))
+
+
 def test_a_table_declared_updates_only_refuses_plain_writes():
     table = checkpoint.updates_only(Table([]))
 

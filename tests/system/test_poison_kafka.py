@@ -196,12 +196,18 @@ def test_a_user_whose_rows_cannot_be_rebuilt_is_contained_and_everybody_else_ser
     broken, fine, garbled = f"mb-broken-{unique}", f"mb-fine-{unique}", f"mb-garbled-{unique}"
     sc = begin(stack, f"contain-{unique}", [(broken, {}), (fine, {})])
     fleet = fleet_for(sc, "fleet")
-    changelog = f"{fleet.app_id}-memory-state-changelog"
+    changelog, analytics = f"{fleet.app_id}-memory-state-changelog", f"{fleet.app_id}-analytics-changelog"
     admin = AdminClient({"bootstrap.servers": stack.broker})
-    admin.create_topics([NewTopic(changelog, stack.partitions, 1, config={"cleanup.policy": "compact"})])[changelog].result(30)
+    for done in admin.create_topics([NewTopic(t, stack.partitions, 1, config={"cleanup.policy": "compact"})
+                                     for t in (changelog, analytics)]).values():
+        done.result(30)
     p = Producer({"bootstrap.servers": stack.broker, "partitioner": "murmur2_random"})
     p.produce(changelog, key=f"{broken}/n-1".encode(), value=json.dumps({"motebit_id": broken, "node_id": "n-1"}).encode())
     p.produce(changelog, key=f"{garbled}/~h/n-0".encode(), value=json.dumps([1, 2]).encode())
+    # analytics rows a worker cannot count into: one not a state (fine's), one not even JSON (broken's,
+    # whose dead letters feed it)
+    p.produce(analytics, key=fine.encode(), value=json.dumps({"subject": fine, "windows": [1, 2]}).encode())
+    p.produce(analytics, key=broken.encode(), value=b"\xff{not json")
     assert p.flush(30) == 0
     fleet.start("a")
     produce(stack, catalog.MEMORY_CANDIDATES, [
@@ -221,6 +227,14 @@ def test_a_user_whose_rows_cannot_be_rebuilt_is_contained_and_everybody_else_ser
         assert got[0] == 503 and "n-0" in got[2] and "not a node of this user" in got[2], (path, got)
     metrics = http_call(port, "GET", "/metrics", timeout=15)[2].decode()
     assert "memstream_memory_users_contained 2" in metrics
+    # the analytics rows: both subjects contained (their increments refused), the worker alive
+    got = _get_with_headers(port, f"/v1/analytics/{fine}")
+    assert got[0] == 503 and "cannot be read" in got[2] and "no 'clock'" in got[2], got
+    status, _h, raw = http_call(port, "GET", "/v1/analytics/summary?window=1m", TOKEN, timeout=15)
+    assert status == 200 and json.loads(raw)["contained"] == 2, raw
+    metrics = http_call(port, "GET", "/metrics", timeout=15)[2].decode()
+    assert "memstream_analytics_subjects_contained 2" in metrics
+    assert 'memstream_analytics_refused_total{label="contained"}' in metrics
     fleet.alive()
     fleet.stop_all()
     letters = read_outputs(stack, sc.outputs_start, kafkatools.end_offsets(stack, OUTPUTS)).dead_letters
