@@ -32,7 +32,7 @@ import orjson
 
 from streams.core import Outcome, UserMemory
 from streams.core.redaction import threshold_for
-from streams.runtime import checkpoint
+from streams.runtime import checkpoint, faust_internals
 
 from . import memory_step, state_scan
 from .user_cache import HISTORY_KEY, UserCache, chunk_rows, deletion_rows, load_user, node_rows, side_rows
@@ -47,6 +47,17 @@ STATE_TABLE = "memory-state"  #: motebit_id -> aux row (with `pending`); motebit
 NEGOTIATOR_TABLE = "negotiator"  #: user_id -> the negotiator's memories of that user
 RELAY_POLICY_TABLE = "relay-policy"  #: motebit_id -> consented relay threshold (written by streams/agents/relay_policy.py)
 
+
+
+def _redo_entry(staged: Any) -> Any:
+    """A staged row as the aux row's redo log holds it: None for a deletion; a row staged encoded
+    (bytes of the table's JSON) embedded as it is (`orjson.Fragment`: the aux row's encoding
+    copies it), so a node row is encoded once, not once more inside its aux row."""
+    if staged is checkpoint.DELETE:
+        return None
+    if isinstance(staged, (bytes, bytearray)):
+        return orjson.Fragment(bytes(staged))
+    return staged
 
 
 def node_key(motebit_id: str, node_id: str) -> str:
@@ -304,17 +315,23 @@ class MemoryStore:
             nodes.update(deletion_rows(node_id))
         sealed, dropped = um.seen_changes()
         side = side_rows(um.side_changes())  # deleted ids and fingerprints, pins: one small row each
+        staged = 0
         for suffix, row in {**nodes, **chunk_rows(sealed, dropped), **side}.items():
-            cp.write(self.state, node_key(motebit_id, suffix), checkpoint.DELETE if row is None else row)
+            if row is None:
+                cp.write(self.state, node_key(motebit_id, suffix), checkpoint.DELETE)
+                staged += 64
+                continue
+            # encoded once (a RocksDB store's bytes), for the store, the changelog and the aux row's redo log
+            value = faust_internals.encoded_row(self.state, row)
+            staged += len(value) if isinstance(value, (bytes, bytearray)) else len(orjson.dumps(row))
+            cp.write(self.state, node_key(motebit_id, suffix), value)
         # the aux row carries these rows as its redo log: past the budget, the batch is made
         # durable after this record (streams.runtime.checkpoint), so the aux row stays bounded
-        staged = sum(len(orjson.dumps(n)) for n in out.node_upserts) + sum(len(orjson.dumps(r)) for r in sealed.values())
-        cp.add_bytes(motebit_id, staged + 64 * (len(out.node_deletions) + len(side)),
-                     self.rt.settings.state_batch_max_bytes)
+        cp.add_bytes(motebit_id, staged, self.rt.settings.state_batch_max_bytes)
 
         def aux_row(written: checkpoint.Checkpoint) -> dict:
             rows = written.staged_rows(self.state, motebit_id)
-            pending = {k.split(NODE_KEY_SEP, 1)[1]: (None if v is checkpoint.DELETE else v) for k, v in rows.items()}
+            pending = {k.split(NODE_KEY_SEP, 1)[1]: _redo_entry(v) for k, v in rows.items()}
             return {**um.aux_record(compact=True), "pending": pending}
 
         cp.write(self.state, motebit_id, aux_row, first=True)

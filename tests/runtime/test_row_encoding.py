@@ -7,8 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from streams.agents import memory_store
 from streams.composition import register_all
-from streams.runtime import faust_internals
+from streams.runtime import checkpoint, faust_internals
 from streams.runtime.app import Runtime
 from streams.settings import Settings
 
@@ -58,3 +59,16 @@ def test_a_store_with_another_serializer_or_a_model_keeps_fausts_path(runtime, m
     monkeypatch.setattr(store, "value_serializer", "json")
     monkeypatch.setattr(store, "value_type", dict)
     assert faust_internals.json_row_encoder(store) is None
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows, rows)
+def test_an_aux_row_whose_redo_log_holds_encoded_rows_is_the_aux_row_with_the_rows(runtime, node, aux):
+    """`MemoryStore.stage` stages a user's rows encoded once and embeds those bytes in the aux
+    row's redo log (`memory_store._redo_entry`): the aux row is byte for byte the one Faust
+    writes for the same rows as objects."""
+    table = runtime.tables["memory-state"]
+    staged = {"n-1": faust_internals.encoded_row(table, node), "n-2": checkpoint.DELETE}
+    embedded = {**aux, "pending": {k: memory_store._redo_entry(v) for k, v in staged.items()}}
+    as_rows = {**aux, "pending": {"n-1": node, "n-2": None}}
+    assert faust_internals.encoded_row(table, embedded) == table.data._encode_value(as_rows)
