@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from streams.agents import state_scan
@@ -126,6 +126,42 @@ def subject_problem(subject: str, state: Any) -> str | None:
     return why
 
 
+class Adder:
+    """A batch's update of one subject's row: its increments added to the row as it is when
+    written (`Checkpoint.update`). One per subject and batch: a later record's increments join
+    it while it is the row's last staged write (one function applied, not a chain of them)."""
+
+    __slots__ = ("subject", "incs", "now_ms", "contained", "count")
+
+    def __init__(self, subject: str, incs: list, now_ms: int, contained: Contained,
+                 count: Callable[[str, int], None]) -> None:
+        self.subject, self.incs, self.now_ms, self.contained, self.count = subject, incs, now_ms, contained, count
+
+    def __call__(self, state: dict | None) -> Any:
+        subject, contained = self.subject, self.contained
+        if subject in contained:
+            self.count("analytics_refused:contained", len(self.incs))
+            return checkpoint.KEEP
+        stored = state
+        state = state if state is not None else new_state(subject)
+        try:
+            refusals = [r.reason for inc in self.incs for r in add_increment(state, inc, now_ms=self.now_ms).refused]
+        except Exception:  # noqa: BLE001 - a row that is not a state: contain the subject, not the batch
+            if contained.problem(subject, stored) is None:
+                raise  # the row is a state: the failure is not the row's
+            self.count("analytics_refused:contained", len(self.incs))
+            return checkpoint.KEEP  # `state` may be half changed: nothing of it is written
+        for reason in refusals:
+            self.count(f"analytics_refused:{reason}", 1)
+        return state
+
+    def unreadable(self, exc: Exception) -> Any:
+        """The stored row does not decode: contained, nothing written."""
+        self.contained.add(self.subject, undecodable(exc))
+        self.count("analytics_refused:contained", len(self.incs))
+        return checkpoint.KEEP
+
+
 def undecodable(exc: Exception) -> str:
     """Why a row that does not decode is contained."""
     return f"the stored row does not decode ({type(exc).__name__}: {exc})"
@@ -137,38 +173,17 @@ def register(rt: Runtime) -> Contained:
     rt.app.on_partitions_assigned.connect(contained.on_rebalance)
 
     def feed(cp: checkpoint.Checkpoint, increments: Iterable) -> None:
-        now = int(time.time() * 1000)
         by_subject: dict[str, list] = {}
         for inc in increments:
             by_subject.setdefault(inc.subject, []).append(inc)
         for subject, incs in by_subject.items():
-            cp.update(table, subject, _adder(subject, incs, now), unreadable=_unreadable(subject, len(incs)))
-
-    def _adder(subject: str, incs: list, now_ms: int):
-        def add_to(state: dict | None) -> Any:
-            if subject in contained:
-                rt.count("analytics_refused:contained", len(incs))
-                return checkpoint.KEEP
-            stored = state
-            state = state if state is not None else new_state(subject)
-            try:
-                refusals = [r.reason for inc in incs for r in add_increment(state, inc, now_ms=now_ms).refused]
-            except Exception:  # noqa: BLE001 - a row that is not a state: contain the subject, not the batch
-                if contained.problem(subject, stored) is None:
-                    raise  # the row is a state: the failure is not the row's
-                rt.count("analytics_refused:contained", len(incs))
-                return checkpoint.KEEP  # `state` may be half changed: nothing of it is written
-            for reason in refusals:
-                rt.count(f"analytics_refused:{reason}")
-            return state
-        return add_to
-
-    def _unreadable(subject: str, n: int):
-        def keep(exc: Exception) -> Any:
-            contained.add(subject, undecodable(exc))
-            rt.count("analytics_refused:contained", n)
-            return checkpoint.KEEP
-        return keep
+            staged = cp.last_staged(table, subject)
+            adder = staged.fn if isinstance(staged, checkpoint.Update) else None
+            if isinstance(adder, Adder):  # this batch's adder is still the row's last write: add to it
+                adder.incs.extend(incs)
+            else:
+                adder = Adder(subject, incs, int(time.time() * 1000), contained, rt.count)
+                cp.update(table, subject, adder, unreadable=adder.unreadable)
 
     class Hook:
         """The analytics agent's subscription to the pipeline (streams/runtime/handlers.py)."""

@@ -335,6 +335,13 @@ class Checkpoint:
         row does not decode (without it, that fails the batch)."""
         self.write(table, key, Update(fn, unreadable), first)
 
+    def last_staged(self, table: TableT, key: str) -> Any:
+        """The value this attempt last staged for the key (an `Update`, a row, DELETE), else None:
+        a writer that staged an update whose function it can still extend (its own, and still the
+        key's last write) may add to it instead of staging another."""
+        w = self._writes.get((id(table), key))
+        return None if w is None else w.value
+
     def read(self, table: TableT, key: str, default: Any = None) -> Any:
         """Read through the attempt: the last value staged for the key (an update: applied to
         the table's row as it is now), else the table's."""

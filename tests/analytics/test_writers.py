@@ -239,3 +239,31 @@ def test_every_feeder_adds_to_the_row_as_it_is_when_written():
         assert minute_count(table) == 2
 
     asyncio.run(scenario())
+
+
+def test_a_batch_adds_its_increments_of_one_subject_in_one_update_and_after_an_erasure_anew():
+    """One `Adder` per subject and batch (later records join it while it is the row's last
+    write), in order with the other writes of the row: increments fed after an erasure in the
+    same batch count from an empty state, those before it are erased."""
+    table = SerializedTable()
+
+    async def scenario():
+        rt = FakeRuntime(table)
+        analytics_agent.register(rt)
+        staged: list = []
+
+        async def handle(cp, _ev) -> bool:
+            rt.feed_analytics(cp, [formed(1)])
+            rt.feed_analytics(cp, [formed(2), formed(3, subject="u2")])
+            rt.feed_analytics(cp, [formed(4)])
+            staged.append(cp.last_staged(table, USER).fn)
+            assert isinstance(staged[0], analytics_agent.Adder) and len(staged[0].incs) == 3
+            for hook in rt.hooks:
+                hook.erase(cp, "u2")
+            rt.feed_analytics(cp, [formed(5, subject="u2"), formed(6, subject="u2")])
+            return True
+
+        await checkpoint.run_batch([Event(0, 1)], handle, sink=rt)
+        assert minute_count(table) == 3 and minute_count(table, "u2") == 2
+
+    asyncio.run(scenario())
