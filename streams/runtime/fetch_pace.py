@@ -7,6 +7,15 @@ held 25 ms makes an idle worker fetch 40 times a second (4.9% of a core instead 
 consumer asks for the batch (MEMSTREAM_FETCH_MIN_BYTES, MEMSTREAM_FETCH_MAX_WAIT_MS) while
 records arrive, and for Faust's 1 byte / 1500 ms once none came for MEMSTREAM_FETCH_QUIET_MS: the
 first record after a quiet spell is answered at once, as before.
+
+A flowing worker's fetch costs its consumer thread ~2 ms of CPU whatever it returns: aiokafka
+builds each request and reads each response partition by partition in Python, and a worker fetches
+every partition of every topic it reads (~90 in the bench's single worker). So the quiet spell
+is short (500 ms): with 2000 ms, the flowing fetches after each burst were two fifths of the
+same-job bench's fetches (bench/RESULTS.md, 2026-12-06). A longer MEMSTREAM_FETCH_MAX_WAIT_MS
+would make fewer of them while records flow, at the price of latency: 100 ms cut the consumer
+thread's CPU per record by two thirds and put p99 at half the sustained rate over 250 ms in three
+runs of five.
 """
 
 from __future__ import annotations
