@@ -78,6 +78,8 @@ class Settings:
     max_known_schema_ids: int = field(default=10000, metadata={"doc": "Most schema ids a worker remembers (with the schema each named) in `<data dir>/schema-ids.json`, to notice a registry that hands them out again."})
     fetch_min_bytes: int = field(default=65536, metadata={"doc": "While records flow, a worker's fetch requests ask the broker to hold them until this many bytes of records are there (or MEMSTREAM_FETCH_MAX_WAIT_MS passed); after MEMSTREAM_FETCH_QUIET_MS without records they ask for Faust's 1 byte / 1500 ms, so the first record after a quiet spell is answered at once and an idle worker does not poll (streams/runtime/fetch_pace.py). Paced at 900 records/s, 65536 with a 25 ms wait cut a worker's CPU by 40% against 1 byte (bench/RESULTS.md). 1 asks for single records throughout."})
     fetch_max_wait_ms: int = field(default=25, metadata={"doc": "While records flow, the longest the broker holds a worker's fetch request for MEMSTREAM_FETCH_MIN_BYTES: at most this much latency added at low rates (1500 when quiet: MEMSTREAM_FETCH_QUIET_MS)."})
+    fetch_backlog_records: int = field(default=1000, metadata={"doc": "A fetch that hands the streams at least this many records means a backlog: the worker's next fetch requests may be held MEMSTREAM_FETCH_BACKLOG_WAIT_MS, until a fetch hands fewer (the records already fetched keep it busy meanwhile; only its partitions without buffered records are fetched then, and each request costs the consumer thread ~2 ms of CPU)."})
+    fetch_backlog_wait_ms: int = field(default=250, metadata={"doc": "The longest the broker holds a worker's fetch request during a backlog (MEMSTREAM_FETCH_BACKLOG_RECORDS); at most MEMSTREAM_FETCH_MAX_WAIT_MS has no effect."})
     fetch_quiet_ms: int = field(default=500, metadata={"doc": "After this long without a fetched record a worker's fetch requests go back to Faust's 1 byte / 1500 ms (an idle worker then fetches every 1.5 s instead of every MEMSTREAM_FETCH_MAX_WAIT_MS). Each fetch of a flowing worker costs its consumer thread ~2 ms of CPU (aiokafka handles every assigned partition in Python): after a burst, 2000 ms of flowing fetches cost the same-job bench ~25 µs per record (bench/RESULTS.md)."})
     batch_wait_ms: int = field(default=20, metadata={"doc": "Longest a stateful agent waits to fill a batch (adds up to this much latency at low rates)."})
     # --- pipeline rules ------------------------------------------------------------------
@@ -171,6 +173,7 @@ class Settings:
                                 f"{', '.join(STANDBY_APPLIERS)}")
         for name in ("loaded_nodes_max", "housekeeping_max_rows_per_tick",  # bounds: 0 would bound nothing
                      "restore_ahead_batch_bytes", "fetch_min_bytes", "fetch_max_wait_ms", "fetch_quiet_ms",
+                     "fetch_backlog_records", "fetch_backlog_wait_ms",
                      "standby_batch_max", "http_max_body_bytes"):  # (the broker refuses < 0)
             if getattr(self, name) < 1:
                 raise SettingsError(f"MEMSTREAM_{name.upper()}={getattr(self, name)} must be at least 1")

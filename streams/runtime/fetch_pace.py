@@ -16,6 +16,12 @@ same-job bench's fetches (bench/RESULTS.md, 2026-12-06). A longer MEMSTREAM_FETC
 would make fewer of them while records flow, at the price of latency: 100 ms cut the consumer
 thread's CPU per record by two thirds and put p99 at half the sustained rate over 250 ms in three
 runs of five.
+
+During a backlog (a fetch handed the streams MEMSTREAM_FETCH_BACKLOG_RECORDS or more) a long wait
+costs no latency: the records already fetched keep the worker busy, and the only partitions the
+next requests fetch are those without buffered records (a worker's idle topics, mostly). So they
+are held longer (MEMSTREAM_FETCH_BACKLOG_WAIT_MS), and a catching-up worker spends its consumer
+thread's CPU on records rather than on requests that come back empty.
 """
 
 from __future__ import annotations
@@ -25,12 +31,17 @@ QUIET = (1, 1500)
 
 
 class FetchPace:
-    """The (min bytes, max wait ms) a consumer's next fetch requests should ask for."""
+    """The (min bytes, max wait ms) a consumer's next fetch requests should ask for: `quiet` until
+    records come, `flowing` while they do, `backlog` after a fetch handed at least
+    `backlog_records` (until one hands fewer), `quiet` again after `quiet_after_s` without any."""
 
-    def __init__(self, flowing: tuple[int, int], quiet_after_s: float, quiet: tuple[int, int] = QUIET) -> None:
+    def __init__(self, flowing: tuple[int, int], quiet_after_s: float, quiet: tuple[int, int] = QUIET,
+                 backlog: tuple[int, int] | None = None, backlog_records: int = 0) -> None:
         self.flowing = flowing
         self.quiet = quiet
         self.quiet_after_s = quiet_after_s
+        self.backlog = backlog if backlog is not None and backlog_records > 0 else None
+        self.backlog_records = backlog_records
         self.current = quiet
         self._last_records = float("-inf")
 
@@ -39,7 +50,7 @@ class FetchPace:
         setting when it changes, else None."""
         if records > 0:
             self._last_records = now
-            want = self.flowing
+            want = self.backlog if self.backlog is not None and records >= self.backlog_records else self.flowing
         elif now - self._last_records >= self.quiet_after_s:
             want = self.quiet
         else:

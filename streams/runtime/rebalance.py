@@ -54,7 +54,8 @@ CALLBACK_CHECK_S = 0.5
 
 
 class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """Faust's consumer thread whose worker consumer skips aborted transactions and batches its fetches while records flow (MEMSTREAM_FETCH_MIN_BYTES, MEMSTREAM_FETCH_MAX_WAIT_MS, MEMSTREAM_FETCH_QUIET_MS)."""
+    """Faust's consumer thread whose worker consumer skips aborted transactions and batches its
+    fetches while records flow (MEMSTREAM_FETCH_*: streams/runtime/fetch_pace.py)."""
 
     async def on_thread_started(self) -> None:
         name_os_thread("ms-consumer")
@@ -64,7 +65,9 @@ class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer = super()._create_worker_consumer(transport)
         read_committed(consumer)  # read by aiokafka when it starts its fetcher
         settings = self.app.memstream_runtime.settings  # type: ignore[attr-defined]
-        self._pace = FetchPace((settings.fetch_min_bytes, settings.fetch_max_wait_ms), settings.fetch_quiet_ms / 1000)
+        self._pace = FetchPace((settings.fetch_min_bytes, settings.fetch_max_wait_ms), settings.fetch_quiet_ms / 1000,
+                               backlog=(settings.fetch_min_bytes, max(settings.fetch_max_wait_ms, settings.fetch_backlog_wait_ms)),
+                               backlog_records=settings.fetch_backlog_records)
         fetch_batching(consumer, *self._pace.current)
         return consumer
 

@@ -212,14 +212,15 @@ def test_the_worker_consumer_batches_its_fetches_while_records_flow_and_reads_co
 
     async def settings_seen():
         rt = Runtime(Settings(registry_url="", partitions=5, fetch_min_bytes=777, fetch_max_wait_ms=33,
-                              fetch_quiet_ms=50))
+                              fetch_quiet_ms=50, fetch_backlog_records=3, fetch_backlog_wait_ms=444))
         register_all(rt)
         thread = rt.app.consumer._thread
         consumer = thread._create_worker_consumer(rt.app.transport)
         consumer._fetcher = SimpleNamespace(_fetch_min_bytes=None, _fetch_max_wait_ms=None)  # as started
         seen = [(consumer._fetch_min_bytes, consumer._fetch_max_wait_ms, consumer._isolation_level)]
         try:
-            for records, pause in (({"tp": [1, 2]}, 0), ({}, 0), ({}, 0.08), ({"tp": [3]}, 0)):
+            for records, pause in (({"tp": [1, 2]}, 0), ({}, 0), ({}, 0.08), ({"tp": [3]}, 0),
+                                   ({"tp": [4, 5], "tq": [6]}, 0), ({}, 0), ({"tp": [7]}, 0)):
                 await asyncio.sleep(pause)
                 fetched.append(records)
                 assert await thread._fetch_records(consumer, None, timeout=1) == records
@@ -235,4 +236,7 @@ def test_the_worker_consumer_batches_its_fetches_while_records_flow_and_reads_co
         (777, 33),  # an empty fetch right after: still flowing
         (1, 1500),  # none for longer than MEMSTREAM_FETCH_QUIET_MS: quiet again
         (777, 33),
+        (777, 444),  # MEMSTREAM_FETCH_BACKLOG_RECORDS in one fetch: a backlog, held longer
+        (777, 444),
+        (777, 33),  # fewer: flowing
     ]

@@ -33,3 +33,35 @@ def test_a_quiet_spell_ends_the_batching_and_the_next_record_restores_it():
     assert pace.observe(0, 2.9) is None
     assert pace.observe(0, 3.0) == QUIET
     assert pace.observe(1, 3.1) == FLOWING
+
+
+BACKLOG = (65536, 250)
+
+
+@given(st.lists(st.tuples(st.integers(0, 2000), st.floats(0, 5)), max_size=40), st.floats(0.001, 3),
+       st.integers(1, 1500))
+def test_a_fetch_of_a_backlog_holds_the_next_ones_longer_until_one_hands_fewer(fetches, quiet_after, threshold):
+    pace = FetchPace(FLOWING, quiet_after, backlog=BACKLOG, backlog_records=threshold)
+    now, last, mode = 0.0, None, QUIET
+    for records, gap in fetches:
+        now += gap
+        before = pace.current
+        change = pace.observe(records, now)
+        if records:
+            last, mode = now, BACKLOG if records >= threshold else FLOWING
+        elif last is None or now - last >= quiet_after:
+            mode = QUIET
+        assert pace.current == mode
+        assert change == (mode if mode != before else None)
+
+
+def test_a_backlog_ends_with_a_smaller_fetch_or_a_quiet_spell_and_without_a_threshold_never_starts():
+    pace = FetchPace(FLOWING, 0.5, backlog=BACKLOG, backlog_records=1000)
+    assert pace.observe(999, 0.0) == FLOWING
+    assert pace.observe(1000, 0.1) == BACKLOG
+    assert pace.observe(0, 0.5) is None  # empty fetches during a backlog: the busy partitions are buffered
+    assert pace.observe(20, 0.6) == FLOWING  # the backlog is worked off
+    assert pace.observe(5000, 0.7) == BACKLOG
+    assert pace.observe(0, 1.2) == QUIET
+    off = FetchPace(FLOWING, 0.5, backlog=BACKLOG, backlog_records=0)
+    assert off.observe(10_000, 0.0) == FLOWING and off.backlog is None

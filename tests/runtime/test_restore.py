@@ -47,7 +47,8 @@ def test_the_offset_key_is_fausts():
 
 
 @pytest.mark.parametrize("var", ["MEMSTREAM_RESTORE_AHEAD_BATCH_BYTES", "MEMSTREAM_FETCH_MIN_BYTES",
-                                 "MEMSTREAM_FETCH_MAX_WAIT_MS", "MEMSTREAM_FETCH_QUIET_MS"])
+                                 "MEMSTREAM_FETCH_MAX_WAIT_MS", "MEMSTREAM_FETCH_QUIET_MS",
+                                 "MEMSTREAM_FETCH_BACKLOG_RECORDS", "MEMSTREAM_FETCH_BACKLOG_WAIT_MS"])
 @pytest.mark.parametrize("value", ["0", "-5"])
 def test_a_bound_below_one_is_a_settings_error_naming_the_variable(var, value):
     from streams.settings import Settings, SettingsError
