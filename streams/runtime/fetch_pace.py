@@ -45,12 +45,15 @@ class FetchPace:
         self.current = quiet
         self._last_records = float("-inf")
 
-    def observe(self, records: int, now: float) -> tuple[int, int] | None:
-        """After a fetch that returned `records` records at `now` (seconds, monotonic): the new
-        setting when it changes, else None."""
+    def observe(self, records: int, now: float, stream_records: int | None = None) -> tuple[int, int] | None:
+        """After a fetch that returned `records` records at `now` (seconds, monotonic), of which
+        `stream_records` (default: all) for the streams, the others a recovery's changelog rows:
+        the new setting when it changes, else None. Only stream records make a backlog: a
+        recovery is held back by long waits (its last partitions would come 1 MB per wait)."""
         if records > 0:
             self._last_records = now
-            want = self.backlog if self.backlog is not None and records >= self.backlog_records else self.flowing
+            streamed = records if stream_records is None else stream_records
+            want = self.backlog if self.backlog is not None and streamed >= self.backlog_records else self.flowing
         elif now - self._last_records >= self.quiet_after_s:
             want = self.quiet
         else:

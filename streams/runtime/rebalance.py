@@ -75,7 +75,10 @@ class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         """Faust's fetch (in the consumer's thread), then the fetch batching its outcome calls for
         (streams/runtime/fetch_pace.py)."""
         records = await super()._fetch_records(consumer, active_partitions, timeout=timeout, max_records=max_records)
-        change = self._pace.observe(sum(len(recs) for recs in records.values()), time.monotonic())
+        total = sum(len(recs) for recs in records.values())
+        stream = total if total < self._pace.backlog_records else \
+            sum(len(recs) for tp, recs in records.items() if not is_changelog_tp(self.consumer, tp))
+        change = self._pace.observe(total, time.monotonic(), stream)
         if change is not None:
             fetch_batching(consumer, *change)
         return records

@@ -202,6 +202,7 @@ def test_the_worker_consumer_batches_its_fetches_while_records_flow_and_reads_co
     from types import SimpleNamespace
 
     from faust.transport.drivers import aiokafka as faust_aiokafka
+    from faust.types import TP
 
     fetched: list[dict] = []
 
@@ -219,8 +220,11 @@ def test_the_worker_consumer_batches_its_fetches_while_records_flow_and_reads_co
         consumer._fetcher = SimpleNamespace(_fetch_min_bytes=None, _fetch_max_wait_ms=None)  # as started
         seen = [(consumer._fetch_min_bytes, consumer._fetch_max_wait_ms, consumer._isolation_level)]
         try:
-            for records, pause in (({"tp": [1, 2]}, 0), ({}, 0), ({}, 0.08), ({"tp": [3]}, 0),
-                                   ({"tp": [4, 5], "tq": [6]}, 0), ({}, 0), ({"tp": [7]}, 0)):
+            tp, tq = TP("memory.candidates.v1", 0), TP("memory.events.v1", 1)
+            changelog = TP(rt.tables["memory-state"].changelog_topic.get_topic_name(), 0)
+            for records, pause in (({tp: [1, 2]}, 0), ({}, 0), ({}, 0.08), ({tp: [3]}, 0),
+                                   ({tp: [4, 5], tq: [6]}, 0), ({}, 0), ({tp: [7]}, 0),
+                                   ({changelog: [8, 9, 10, 11]}, 0)):
                 await asyncio.sleep(pause)
                 fetched.append(records)
                 assert await thread._fetch_records(consumer, None, timeout=1) == records
@@ -239,4 +243,5 @@ def test_the_worker_consumer_batches_its_fetches_while_records_flow_and_reads_co
         (777, 444),  # MEMSTREAM_FETCH_BACKLOG_RECORDS in one fetch: a backlog, held longer
         (777, 444),
         (777, 33),  # fewer: flowing
+        (777, 33),  # a recovery's changelog rows, however many, are no backlog (its waits stay short)
     ]

@@ -63,5 +63,7 @@ def test_a_backlog_ends_with_a_smaller_fetch_or_a_quiet_spell_and_without_a_thre
     assert pace.observe(20, 0.6) == FLOWING  # the backlog is worked off
     assert pace.observe(5000, 0.7) == BACKLOG
     assert pace.observe(0, 1.2) == QUIET
+    assert pace.observe(5000, 1.3, stream_records=10) == FLOWING  # a recovery's changelog rows: no backlog
+    assert pace.observe(5000, 1.4, stream_records=1000) == BACKLOG
     off = FetchPace(FLOWING, 0.5, backlog=BACKLOG, backlog_records=0)
     assert off.observe(10_000, 0.0) == FLOWING and off.backlog is None
