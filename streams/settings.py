@@ -54,6 +54,7 @@ class Settings:
     standby_batch_max: int = field(default=5000, metadata={"doc": "Most changelog records the standby applier (MEMSTREAM_STANDBY_APPLY=librdkafka) takes from its consumer and writes at once (one RocksDB write batch per partition)."})
     log_level: str = field(default="info", metadata={"doc": "Worker log level."})
     session_timeout_s: float = field(default=10.0, metadata={"doc": "Consumer-group session timeout: a worker that stops heartbeating (killed, hung) loses its partitions after this long (failover time)."})
+    output_timeout_s: float = field(default=60.0, metadata={"doc": "The longest a record the worker sends through its output producer (an output or a changelog row) may stay unacknowledged (librdkafka's `message.timeout.ms`, whose own default is 300 s). After it the batch fails, nothing of it is committed and the worker exits (70), so that a supervisor restarts it and its partitions move, instead of holding them while a broker hangs or its producer is stuck (one was seen delivering nothing after its broker's restart until this timeout)."})
     producer_linger_ms: int = field(default=5, metadata={"doc": "How long the worker's producer waits to fill a request (larger requests, fewer syscalls; a batch waits for its outputs, so this adds to latency once per batch)."})
     output_producer: str = field(default="librdkafka", metadata={"doc": "What sends a batch's output records and changelog rows: `librdkafka` (one confluent-kafka producer per worker, idempotent, acks=all, murmur2 partitioner; a batch awaits its acknowledgements before its table writes, and those of its rows before its offsets) or `faust` (Faust's own producer, the earlier path: about twice the CPU per record). Same bytes, keys and partitions either way (tests/runtime/test_outputs_kafka.py)."})
     batch_max: int = field(default=500, metadata={"doc": "Most input records a stateful agent takes in one batch (outputs of a batch are acknowledged before its table writes)."})
@@ -184,6 +185,9 @@ class Settings:
                                 "must be more than 0")
         if not self.timer_interval_s > 0:  # 0 or less: the timers would send ticks without pause
             raise SettingsError(f"MEMSTREAM_TIMER_INTERVAL_S={self.timer_interval_s} must be more than 0")
+        if not max(1, self.producer_linger_ms + 1) <= self.output_timeout_s * 1000 <= 2**31 - 1:  # librdkafka's bounds
+            raise SettingsError(f"MEMSTREAM_OUTPUT_TIMEOUT_S={self.output_timeout_s} must be more than "
+                                f"MEMSTREAM_PRODUCER_LINGER_MS ({self.producer_linger_ms} ms) and at most 2147483")
         if not self.registry_timeout_s > 0:
             raise SettingsError(f"MEMSTREAM_REGISTRY_TIMEOUT_S={self.registry_timeout_s} must be more than 0")
         if self.rocksdb_write_buffer_bytes < 64 * 1024:  # RocksDB's own floor

@@ -144,7 +144,7 @@ class Runtime:
         if settings.output_producer == "librdkafka":
             self.output_producer = OutputProducer.for_worker(
                 settings.broker, f"{settings.app_id}-outputs", settings.producer_linger_ms,
-                self.app.conf.producer_max_request_size)
+                self.app.conf.producer_max_request_size, settings.output_timeout_s)
         self.metrics = Metrics()
         #: subscribers to what the pipeline did (the analytics agent is one): `add_hook`
         self._hooks: list[PipelineHook] = []

@@ -146,7 +146,10 @@ class OutputProducer:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_worker(cls, broker: str, client_id: str, linger_ms: int, max_request_size: int) -> OutputProducer:
+    def for_worker(cls, broker: str, client_id: str, linger_ms: int, max_request_size: int,
+                   timeout_s: float = 60.0) -> OutputProducer:
+        """`timeout_s` (MEMSTREAM_OUTPUT_TIMEOUT_S): a record not acknowledged by then fails its
+        batch (a hung broker, a stuck producer), instead of librdkafka's 5 minutes."""
         return cls({
             "bootstrap.servers": broker,
             "client.id": client_id,
@@ -155,6 +158,7 @@ class OutputProducer:
             "linger.ms": linger_ms,
             "partitioner": "murmur2_random",  # Kafka's Java default (librdkafka's is CRC32-based)
             "message.max.bytes": max_request_size,
+            "message.timeout.ms": int(timeout_s * 1000),
             "log_level": 3,
         })
 

@@ -106,3 +106,59 @@ def test_a_batch_whose_outputs_fail_writes_no_state():
     with pytest.raises(OutputsFailed):
         asyncio.run(checkpoint.run_batch([Event()], handle))
     assert table == {}
+
+
+def test_a_record_a_hung_broker_never_acknowledges_fails_its_batch_within_the_output_timeout():
+    """A "broker" that accepts connections and never answers (hung, not dead): the batch's
+    wait for its outputs fails once MEMSTREAM_OUTPUT_TIMEOUT_S has passed (librdkafka's
+    `message.timeout.ms`), instead of after librdkafka's own 5 minutes."""
+    import socket
+    import time
+
+    hung = socket.create_server(("127.0.0.1", 0))
+    hung.listen(8)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept_and_say_nothing() -> None:
+        hung.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(hung.accept()[0])
+            except OSError:
+                continue
+
+    threading.Thread(target=accept_and_say_nothing, daemon=True).start()
+    out = OutputProducer.for_worker(f"127.0.0.1:{hung.getsockname()[1]}", "test-outputs-hung", 5, 1_000_000,
+                                    timeout_s=2.0)
+
+    async def batch() -> float:
+        d = out.deliveries()
+        await out.produce(d, "memory.ledger.v1", b"k", b"v")
+        started = time.monotonic()
+        with pytest.raises(OutputsFailed, match="not acknowledged"):
+            await d
+        return time.monotonic() - started
+
+    try:
+        waited = asyncio.run(batch())
+    finally:
+        out.close()
+        stop.set()
+        hung.close()
+        for conn in accepted:
+            conn.close()
+    assert accepted, "the producer never connected to the hung broker"
+    assert 1.5 <= waited < 30, waited  # the 2 s bound (librdkafka checks timeouts about once a second), not 300 s
+
+
+def test_the_output_timeout_is_the_producers_and_must_outlast_its_linger():
+    from streams.settings import Settings, SettingsError
+
+    settings = Settings.from_env({"MEMSTREAM_OUTPUT_TIMEOUT_S": "7.5"})
+    out = OutputProducer.for_worker("127.0.0.1:1", "t", settings.producer_linger_ms, 1_000_000, settings.output_timeout_s)
+    assert out.config["message.timeout.ms"] == 7500
+    assert Settings().output_timeout_s == 60.0
+    for bad in ("0", "-1", "0.005", "3000000"):  # 5 ms: not more than the 5 ms linger; over librdkafka's limit
+        with pytest.raises(SettingsError, match=f"MEMSTREAM_OUTPUT_TIMEOUT_S={float(bad)} must be more than"):
+            Settings.from_env({"MEMSTREAM_OUTPUT_TIMEOUT_S": bad})
