@@ -72,7 +72,6 @@ class FleetSummary(AnalyticsView):
                 return self.unavailable(f"worker {url} did not answer ({type(exc).__name__}); retry")
         return self.reply(merge_summaries(parts))
 
-
     def _local_summary(self, size: str) -> dict:
         """This worker's subjects, without those whose state cannot be read (contained: counted)."""
         contained, undecoded = self.contained, []
