@@ -19,6 +19,9 @@ from .core.limits import DEFAULT_LIMITS, MAX_JSON_DEPTH_CEILING, Limits
 PREFIX = "MEMSTREAM_"
 
 
+#: the longest a fetch request may be held (MEMSTREAM_FETCH_MAX_WAIT_MS, MEMSTREAM_FETCH_BACKLOG_WAIT_MS): while
+#: one is held, a drained partition waits for it before it is fetched again (and Faust's request timeout is 90 s)
+FETCH_WAIT_MAX_MS = 10_000
 OUTPUT_PRODUCERS = ("librdkafka", "faust")  #: values of MEMSTREAM_OUTPUT_PRODUCER
 STANDBY_APPLIERS = ("librdkafka", "faust")  #: values of MEMSTREAM_STANDBY_APPLY
 
@@ -78,9 +81,9 @@ class Settings:
     rocksdb_memory_bytes: int = field(default=256 * 1024 * 1024, metadata={"doc": "One RocksDB memory budget for all of a worker's table partition stores (every table, active and standby): a block cache of this size shared by every store, the memtables charged to it (at most half of it; past that RocksDB flushes the largest), so RocksDB's memory does not grow with the stores a worker holds (a worker that takes over many partitions after an outage, or a table added). Each store's MEMSTREAM_ROCKSDB_WRITE_BUFFER_BYTES and _WRITE_BUFFERS still bound its own memtables; MEMSTREAM_ROCKSDB_BLOCK_CACHE_BYTES is then unused. 0: no shared budget, each store has its own block cache (MEMSTREAM_ROCKSDB_BLOCK_CACHE_BYTES) and RocksDB's memory grows with the number of stores."})
     max_known_schema_ids: int = field(default=10000, metadata={"doc": "Most schema ids a worker remembers (with the schema each named) in `<data dir>/schema-ids.json`, to notice a registry that hands them out again."})
     fetch_min_bytes: int = field(default=65536, metadata={"doc": "While records flow, a worker's fetch requests ask the broker to hold them until this many bytes of records are there (or MEMSTREAM_FETCH_MAX_WAIT_MS passed); after MEMSTREAM_FETCH_QUIET_MS without records they ask for Faust's 1 byte / 1500 ms, so the first record after a quiet spell is answered at once and an idle worker does not poll (streams/runtime/fetch_pace.py). Paced at 900 records/s, 65536 with a 25 ms wait cut a worker's CPU by 40% against 1 byte (bench/RESULTS.md). 1 asks for single records throughout."})
-    fetch_max_wait_ms: int = field(default=25, metadata={"doc": "While records flow, the longest the broker holds a worker's fetch request for MEMSTREAM_FETCH_MIN_BYTES: at most this much latency added at low rates (1500 when quiet: MEMSTREAM_FETCH_QUIET_MS)."})
+    fetch_max_wait_ms: int = field(default=25, metadata={"doc": "While records flow, the longest the broker holds a worker's fetch request for MEMSTREAM_FETCH_MIN_BYTES: at most this much latency added at low rates (1500 when quiet: MEMSTREAM_FETCH_QUIET_MS); at most 10000."})
     fetch_backlog_records: int = field(default=1000, metadata={"doc": "A fetch that hands the streams at least this many records means a backlog: the worker's next fetch requests may be held MEMSTREAM_FETCH_BACKLOG_WAIT_MS, until a fetch hands fewer (the records already fetched keep it busy meanwhile; only its partitions without buffered records are fetched then, and each request costs the consumer thread ~2 ms of CPU)."})
-    fetch_backlog_wait_ms: int = field(default=250, metadata={"doc": "The longest the broker holds a worker's fetch request during a backlog (MEMSTREAM_FETCH_BACKLOG_RECORDS); at most MEMSTREAM_FETCH_MAX_WAIT_MS has no effect."})
+    fetch_backlog_wait_ms: int = field(default=250, metadata={"doc": "The longest the broker holds a worker's fetch request during a backlog (MEMSTREAM_FETCH_BACKLOG_RECORDS); at most MEMSTREAM_FETCH_MAX_WAIT_MS has no effect; at most 10000."})
     fetch_quiet_ms: int = field(default=500, metadata={"doc": "After this long without a fetched record a worker's fetch requests go back to Faust's 1 byte / 1500 ms (an idle worker then fetches every 1.5 s instead of every MEMSTREAM_FETCH_MAX_WAIT_MS). Each fetch of a flowing worker costs its consumer thread ~2 ms of CPU (aiokafka handles every assigned partition in Python): after a burst, 2000 ms of flowing fetches cost the same-job bench ~25 µs per record (bench/RESULTS.md)."})
     batch_wait_ms: int = field(default=20, metadata={"doc": "Longest a stateful agent waits to fill a batch (adds up to this much latency at low rates)."})
     # --- pipeline rules ------------------------------------------------------------------
@@ -185,6 +188,9 @@ class Settings:
                                 "must be more than 0")
         if not self.timer_interval_s > 0:  # 0 or less: the timers would send ticks without pause
             raise SettingsError(f"MEMSTREAM_TIMER_INTERVAL_S={self.timer_interval_s} must be more than 0")
+        for name in ("fetch_max_wait_ms", "fetch_backlog_wait_ms"):  # the broker holds the request this long:
+            if getattr(self, name) > FETCH_WAIT_MAX_MS:  # meanwhile no other partition of it is fetched
+                raise SettingsError(f"MEMSTREAM_{name.upper()}={getattr(self, name)} must be at most {FETCH_WAIT_MAX_MS}")
         if not max(1, self.producer_linger_ms + 1) <= self.output_timeout_s * 1000 <= 2**31 - 1:  # librdkafka's bounds
             raise SettingsError(f"MEMSTREAM_OUTPUT_TIMEOUT_S={self.output_timeout_s} must be more than "
                                 f"MEMSTREAM_PRODUCER_LINGER_MS ({self.producer_linger_ms} ms) and at most 2147483")

@@ -46,6 +46,17 @@ def test_the_offset_key_is_fausts():
     assert Store.offset_key == OFFSET_KEY
 
 
+@pytest.mark.parametrize("var", ["MEMSTREAM_FETCH_MAX_WAIT_MS", "MEMSTREAM_FETCH_BACKLOG_WAIT_MS"])
+def test_a_fetch_wait_over_ten_seconds_is_a_settings_error_naming_the_variable(var):
+    """A fetch request held long keeps a drained partition from being fetched again meanwhile;
+    past Faust's request timeout (90 s) it would fail every time."""
+    from streams.settings import Settings, SettingsError
+
+    assert getattr(Settings.from_env({var: "10000"}), var[len("MEMSTREAM_"):].lower()) == 10_000
+    with pytest.raises(SettingsError, match=f"{var}=10001 must be at most 10000"):
+        Settings.from_env({var: "10001"})
+
+
 @pytest.mark.parametrize("var", ["MEMSTREAM_RESTORE_AHEAD_BATCH_BYTES", "MEMSTREAM_FETCH_MIN_BYTES",
                                  "MEMSTREAM_FETCH_MAX_WAIT_MS", "MEMSTREAM_FETCH_QUIET_MS",
                                  "MEMSTREAM_FETCH_BACKLOG_RECORDS", "MEMSTREAM_FETCH_BACKLOG_WAIT_MS"])
