@@ -18,7 +18,7 @@ from streams.agents import state_scan
 from streams.agents.analytics import Contained, undecodable
 from streams.analytics import HOUR, MINUTE, merge_summaries, summarize, windows_of
 from streams.analytics import to_record as window_record
-from streams.api.http import ApiView, BadRequest, authenticated, parse_ms
+from streams.api.http import ApiView, BadRequest, attached, authenticated, parse_ms
 
 TABLE = "analytics"  #: the analytics agent's table (streams/agents/analytics.py)
 WINDOW_PARAM = {"1m": MINUTE, "1h": HOUR}
@@ -38,10 +38,8 @@ class AnalyticsView(ApiView):
     @property
     def contained(self) -> Contained:
         """The analytics agent's contained subjects (`attach`)."""
-        contained = getattr(self.app, "memstream_analytics_contained", None)
-        if contained is None:
-            raise LookupError("the analytics agent is not attached to this app (streams.api.analytics.attach)")
-        return contained
+        return attached(self.app, "memstream_analytics_contained",
+                        "the analytics agent's contained subjects (streams.api.analytics.attach)")
 
 
 # routed first: aiohttp matches in order, so /summary is not taken for a motebit_id

@@ -264,12 +264,18 @@ def tokens_of(rt: Runtime) -> dict[str, Token]:
     return tokens
 
 
+def attached(app: Any, name: str, what: str) -> Any:
+    """What the worker set on its app as `name` for its views (the Runtime, an agent's state);
+    LookupError naming `what` and the function that attaches it when nothing is there."""
+    value = getattr(app, name, None)
+    if value is None:
+        raise LookupError(f"{what} is not attached to {app!r} (app.{name})")
+    return value
+
+
 def runtime_of(app: Any) -> Runtime:
     """The `Runtime` of the worker whose app serves a view (it sets itself on its app)."""
-    rt = getattr(app, "memstream_runtime", None)
-    if rt is None:
-        raise LookupError(f"{app!r} is not a memstream worker's app (no Runtime)")
-    return rt
+    return attached(app, "memstream_runtime", "no memstream Runtime (not a worker's app)")
 
 
 class ApiView(View):

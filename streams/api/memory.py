@@ -26,6 +26,7 @@ from streams.api.http import (
     ApiView,
     BadRequest,
     Token,
+    attached,
     authenticated,
     mask_node,
     parse_ms,
@@ -70,10 +71,7 @@ class MemoryView(ApiView):
     @property
     def agent(self) -> MemoryAgent:
         """The worker's memory agent (`attach`)."""
-        agent = getattr(self.app, "memstream_memory_agent", None)
-        if agent is None:
-            raise LookupError("the memory agent is not attached to this app (streams.api.memory.attach)")
-        return agent
+        return attached(self.app, "memstream_memory_agent", "the memory agent (streams.api.memory.attach)")
 
 
 @blueprint.route("/v1/memory/{motebit_id}/nodes")
