@@ -43,6 +43,7 @@ FRAMEWORK = "the framework (fetch, hand-off, stream, batch bookkeeping, event lo
 #: the rows of the other threads (`bench.core_step.thread_kinds`, from /proc, not sampled)
 THREADS = {"librdkafka": "librdkafka's threads (rdk:*)",
            "ms-consumer": "Faust's consumer thread (ms-consumer: aiokafka's fetches)",
+           "ms-input": "the inputs fetched by librdkafka (ms-input: MEMSTREAM_INPUT_FETCH=librdkafka)",
            "ms-outputs": "the delivery reports of the outputs and rows (ms-outputs)",
            "ms-probe": "the registry and broker probe (ms-probe)",
            "ms-standby": "the standby replicas' applier (ms-standby)",

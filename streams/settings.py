@@ -24,6 +24,8 @@ PREFIX = "MEMSTREAM_"
 FETCH_WAIT_MAX_MS = 10_000
 OUTPUT_PRODUCERS = ("librdkafka", "faust")  #: values of MEMSTREAM_OUTPUT_PRODUCER
 STANDBY_APPLIERS = ("librdkafka", "faust")  #: values of MEMSTREAM_STANDBY_APPLY
+INPUT_FETCHERS = ("faust", "librdkafka")  #: values of MEMSTREAM_INPUT_FETCH
+INPUT_QUEUE_KBYTES_MAX = 2_097_151  #: librdkafka's largest `queued.max.messages.kbytes`
 
 
 class SettingsError(ValueError):
@@ -85,6 +87,8 @@ class Settings:
     fetch_backlog_records: int = field(default=1000, metadata={"doc": "A fetch that hands the streams at least this many records means a backlog: the worker's next fetch requests may be held MEMSTREAM_FETCH_BACKLOG_WAIT_MS, until a fetch hands fewer (the records already fetched keep it busy meanwhile; only its partitions without buffered records are fetched then, and each request costs the consumer thread ~2 ms of CPU)."})
     fetch_backlog_wait_ms: int = field(default=250, metadata={"doc": "The longest the broker holds a worker's fetch request during a backlog (MEMSTREAM_FETCH_BACKLOG_RECORDS); at most MEMSTREAM_FETCH_MAX_WAIT_MS has no effect; at most 10000."})
     fetch_quiet_ms: int = field(default=500, metadata={"doc": "After this long without a fetched record a worker's fetch requests go back to Faust's 1 byte / 1500 ms (an idle worker then fetches every 1.5 s instead of every MEMSTREAM_FETCH_MAX_WAIT_MS). Each fetch of a flowing worker costs its consumer thread ~2 ms of CPU (aiokafka handles every assigned partition in Python): after a burst, 2000 ms of flowing fetches cost the same-job bench ~25 µs per record (bench/RESULTS.md)."})
+    input_fetch: str = field(default="librdkafka", metadata={"doc": "Who fetches the stateful agents' input records: `librdkafka` (one confluent-kafka consumer per stateful agent, in its own thread, hands the agent whole batches; Faust still assigns the partitions and restores the tables, and each batch's offsets are committed through Faust's consumer, the group's member: streams/runtime/direct_input.py, docs/state-and-failures.md §9) or `faust` (Faust's consumer and its per-record hand-off to the agent's stream, the earlier path: about a sixth more CPU per record on the same-job bench)."})
+    input_queue_kbytes: int = field(default=16384, metadata={"doc": "With MEMSTREAM_INPUT_FETCH=librdkafka: most KiB of input records each stateful agent's consumer prefetches (librdkafka's `queued.max.messages.kbytes`)."})
     batch_wait_ms: int = field(default=20, metadata={"doc": "Longest a stateful agent waits to fill a batch (adds up to this much latency at low rates)."})
     # --- pipeline rules ------------------------------------------------------------------
     text_merge_threshold: float = field(default=0.85, metadata={"doc": "Text similarity (n-gram Jaccard) at or above which a candidate merges into a node."})
@@ -172,6 +176,11 @@ class Settings:
         if self.output_producer not in OUTPUT_PRODUCERS:
             raise SettingsError(f"MEMSTREAM_OUTPUT_PRODUCER={self.output_producer!r} is not one of "
                                 f"{', '.join(OUTPUT_PRODUCERS)}")
+        if self.input_fetch not in INPUT_FETCHERS:
+            raise SettingsError(f"MEMSTREAM_INPUT_FETCH={self.input_fetch!r} is not one of {', '.join(INPUT_FETCHERS)}")
+        if not 1 <= self.input_queue_kbytes <= INPUT_QUEUE_KBYTES_MAX:
+            raise SettingsError(f"MEMSTREAM_INPUT_QUEUE_KBYTES={self.input_queue_kbytes} must be between 1 and "
+                                f"{INPUT_QUEUE_KBYTES_MAX} (librdkafka's limit)")
         if self.standby_apply not in STANDBY_APPLIERS:
             raise SettingsError(f"MEMSTREAM_STANDBY_APPLY={self.standby_apply!r} is not one of "
                                 f"{', '.join(STANDBY_APPLIERS)}")

@@ -208,9 +208,11 @@ async def consumer_lag(rt: Runtime) -> list[PartitionLag]:
     consumer = app.consumer
     out: dict[TP, PartitionLag] = {}
     for tp in tps:
-        committed = committed_offset(consumer, tp)
-        try:
-            highwater = consumer.highwater(tp)
+        committed = rt.input_committed(tp)  # an input fetched outside Faust (direct_input.py)
+        if committed is None:
+            committed = committed_offset(consumer, tp)
+        try:  # a partition fetched outside Faust: aiokafka's high watermark is stale (asked below)
+            highwater = None if rt.input_claims((tp,)) else consumer.highwater(tp)
         except Exception:  # noqa: BLE001 - not assigned in aiokafka (yet): ask the broker below
             highwater = None
         out[tp] = PartitionLag(tp.topic, tp.partition, committed, highwater)

@@ -37,6 +37,7 @@ from streams.contracts.wire import (
 )
 from streams.core.partitioning import misrouted, partition_for
 from streams.runtime import checkpoint, codecs, faust_internals
+from streams.runtime.direct_input import InputFetch
 from streams.runtime.handlers import PipelineHook, Rejected
 from streams.runtime.loglimit import Throttled
 from streams.runtime.metrics import Metrics
@@ -168,6 +169,10 @@ class Runtime:
                                        "group.id": f"{settings.app_id}-standby"},  # never joined: assigned, no commits
                                       settings.standby_batch_max, count=self.count)
         self.app.on_rebalance_complete.connect(self._start_standby)
+        #: the stateful agents' inputs fetched by librdkafka (MEMSTREAM_INPUT_FETCH=librdkafka,
+        #: streams/runtime/direct_input.py), by agent name
+        self.input_fetches: dict[str, InputFetch] = {}
+        self.app.on_rebalance_complete.connect(self._start_inputs)
         #: the checkpoint whose rows are being written (`write_rows`: a synchronous block)
         self._writing: checkpoint.Checkpoint | None = None
         #: (name, partitions, retention ms) of the internal topics: the worker creates them first
@@ -325,6 +330,51 @@ class Runtime:
                 continue
             replicas.append(Replica(tp.topic, tp.partition, db, OFFSET_BEGINNING if persisted is None else persisted + 1))
         self.standby.start(replicas)
+
+    def input_claims(self, tps: Any) -> set[TP]:
+        """The partitions of `tps` an `InputFetch` reads: Faust must never fetch them
+        (`RebalanceSafeConsumer.resume_partitions` leaves them paused)."""
+        claimed: set[TP] = set()
+        for fetch in self.input_fetches.values():
+            claimed |= fetch.claims(tps)
+        return claimed
+
+    def input_committed(self, tp: TP) -> int | None:
+        """The offset an `InputFetch` last committed for `tp` (None: not one of its partitions,
+        or nothing committed by it yet)."""
+        for fetch in self.input_fetches.values():
+            if tp.topic in fetch.topics:
+                return fetch.committed.get((tp.topic, tp.partition))
+        return None
+
+    async def stop_inputs(self) -> None:
+        """Before a rebalance moves partitions (and when the worker stops): no batch of a fetched
+        input starts any more; the one being applied finishes and is committed."""
+        for fetch in self.input_fetches.values():
+            await fetch.stop()
+
+    async def _start_inputs(self, *args: Any, **kwargs: Any) -> None:
+        """A rebalance is complete (Faust's recovery done): fetch each agent's active input
+        partitions from the group's committed offsets."""
+        await self.stop_inputs()
+        if self.draining or self.app.should_stop:
+            return
+        actives = self.app.assignor.assigned_actives()
+        for fetch in self.input_fetches.values():
+            fetch.start((tp.topic, tp.partition) for tp in fetch.claims(actives))
+
+    @staticmethod
+    def _input_failed(reason: str) -> None:
+        """An input fetch stopped on an error (logged CRITICAL): the worker stops without
+        committing anything more, so that its partitions move (`EXIT_AGENT_FAILED`)."""
+        logging.shutdown()
+        os._exit(EXIT_AGENT_FAILED)
+
+    async def _commit_inputs(self, offsets: dict[tuple[str, int], int]) -> bool:
+        """Commit an applied batch's offsets as the group's member (Faust's consumer): refused
+        (False) when a rebalance took the partitions first."""
+        return await faust_internals.consumer_thread(self.app.consumer).commit(
+            {TP(topic, partition): offset for (topic, partition), offset in offsets.items()})
 
     def standby_remaining(self) -> int:
         """Changelog records this worker's standby copies are behind (Faust's and `standby`'s)."""
@@ -602,6 +652,9 @@ class Runtime:
             return await self.guard(cp, event, handler)
 
         self._guarded_topics.update(getattr(channel, "topics", ()))
+        if self.settings.input_fetch == "librdkafka":
+            self._fetched_agent(channel, name, handle, cache, lock)
+            return
 
         @self.app.agent(channel, name=name)
         async def run(stream):
@@ -615,6 +668,39 @@ class Runtime:
                             await checkpoint.run_batch(list(events), handle, cache, self)
                     self._applied.update(event.message for event in events)
                     self.metrics.flush()
+
+    def _fetched_agent(self, channel: faust.TopicT, name: str, handle: Callable[..., Awaitable[bool]],
+                       cache: checkpoint.DerivedCache | None, lock: asyncio.Lock) -> None:
+        """`stateful_agent` with its inputs fetched by librdkafka (streams/runtime/direct_input.py):
+        the same batch protocol, then the batch's offsets committed through Faust's consumer."""
+        fetch = self.input_fetches[name] = InputFetch(
+            name, channel.topics, {"bootstrap.servers": self.settings.broker, "client.id": f"{self.settings.app_id}-input",
+                                   "group.id": self.app.conf.id,  # offsets read only: never joined, never committed here
+                                   "queued.max.messages.kbytes": self.settings.input_queue_kbytes},
+            self.settings.batch_max, self.settings.batch_wait_ms / 1000, count=self.count, on_failed=self._input_failed)
+
+        @self.app.agent(channel, name=name)
+        async def subscribed(stream):
+            """Faust subscribes (and assigns) the topics; it never fetches them (`input_claims`)."""
+            async for events in stream.take_events(self.settings.batch_max, self.settings.batch_wait_ms / 1000):
+                log.error("%s: %d record(s) reached Faust's stream although librdkafka fetches its input; "
+                          "not applied, not committed (the fetch applies them)", name, len(events))
+                faust_internals.mark_acked_without_commit(events)
+
+        async def apply(events: list) -> bool:
+            if self.draining:
+                return False  # never applied, never committed: the partition's next owner reads them
+            with self.never_ack_unless_applied(name, events):
+                await self.consistent_ids()
+                with self.in_flight():
+                    async with lock:
+                        await checkpoint.run_batch(events, handle, cache, self)
+                self.metrics.flush()
+            return True
+
+        @self.app.task
+        async def fetched() -> None:
+            await fetch.run(apply, self._commit_inputs)
 
     async def consistent_ids(self) -> None:
         """Wait while the schema registry maps an id this worker used differently than before
@@ -673,6 +759,7 @@ class Runtime:
         self.draining = True
         deadline = time.monotonic() + timeout
         await self.standby.stop()  # before Faust closes the stores it writes into
+        await self.stop_inputs()  # the batch being applied finishes and is committed
         if self._inflight:
             log.info("stopping: waiting for %d batch(es) in flight", self._inflight)
         try:

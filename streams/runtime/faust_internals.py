@@ -240,7 +240,10 @@ def rebalance_queue_stopped(consumer: Any) -> bool:
 
 def consumer_thread(consumer: Any) -> Any:
     """The consumer's aiokafka thread (faust-streaming 0.15.3 `ThreadDelegateConsumer._thread`):
-    rebalance.py asks it for the assignment and seeks partitions there to their beginning."""
+    rebalance.py asks it for the assignment and seeks partitions there to their beginning, and
+    the runtime commits the offsets of inputs fetched outside Faust through its `commit`
+    (`AIOKafkaConsumerThread.commit`: the assigned partitions' offsets, as the group's member;
+    False when a rebalance came first)."""
     return consumer._thread
 
 

@@ -62,6 +62,9 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 # still exported, with the label name `label`.
 FAMILY_LABELS: dict[str, tuple[tuple[str, ...], str]] = {
     "in": (("topic",), "Input records received, by input topic."),
+    "input": (("event",), "The inputs fetched outside Faust (MEMSTREAM_INPUT_FETCH=librdkafka): `commit_refused` "
+                          "(a batch's commit refused: a rebalance came first; its records are read again by their "
+                          "owner), `fetch_failed` (the fetch stopped on an error; the worker exits)."),
     "out": (("topic",), "Records sent, by output topic."),
     "decision": (("action",), "Consolidation decisions, by action."),
     "dlq": (("stage", "error_class"), "Records sent to pipeline.dlq.v1, by stage and error class."),

@@ -238,6 +238,9 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
 
     def verify_event_path(self, now: float, tp: Any) -> None:
         """Faust's livelock check of one partition, skipped while it has no position (defect 9)."""
+        runtime = getattr(getattr(self, "app", None), "memstream_runtime", None)
+        if runtime is not None and runtime.input_claims((tp,)):
+            return  # fetched outside Faust (direct_input.py): Faust's fetch positions say nothing of it
         if position_known(consumer_thread(self), tp):
             super().verify_event_path(now, tp)
 
@@ -363,16 +366,20 @@ class RebalanceSafeConsumer(faust_aiokafka.Consumer):
     def resume_partitions(self, tps) -> None:
         tps = set(tps)
         runtime = getattr(self.app, "memstream_runtime", None)
-        if runtime is not None:  # not a rebalance defect: standby copies applied outside Faust (standby.py)
-            tps -= runtime.standby_claims(tps)
+        if runtime is not None:  # not rebalance defects: standby copies and inputs read outside Faust
+            tps -= runtime.standby_claims(tps)  # (standby.py)
+            tps -= runtime.input_claims(tps)  # (direct_input.py)
         streams = {tp for tp in tps if not is_changelog_tp(self, tp)}
         self._deferred |= streams
         super().resume_partitions(tps - streams)
 
     async def _stop_standby(self) -> None:
-        """Before Faust opens or closes a table's partition stores: the standby applier writes into them."""
+        """Before Faust opens or closes a table's partition stores: the standby applier writes into
+        them, and the inputs fetched outside Faust apply batches to them (their last batch is
+        committed now, while this worker is still the group's member for them)."""
         runtime = getattr(self.app, "memstream_runtime", None)
         if runtime is not None:
+            await runtime.stop_inputs()
             await runtime.standby.stop()
 
     def pause_partitions(self, tps) -> None:

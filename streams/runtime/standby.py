@@ -41,6 +41,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .fetched import reading, records_of
 from .loglimit import Throttled
 from .restore import Batch, write_run
 from .thread_names import name_os_thread
@@ -156,21 +157,13 @@ class StandbyApplier:
 
     # ------------------------------------------------------------------------- the thread
     def _run(self, replicas: list[Replica]) -> None:
-        from confluent_kafka import Consumer, KafkaException, TopicPartition
+        from confluent_kafka import TopicPartition
 
         name_os_thread("ms-standby")
 
         dbs = {(r.topic, r.partition): r for r in replicas}
-        consumer = Consumer({
-            **self.config,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "isolation.level": "read_committed",  # as the worker's own consumer reads changelogs
-            "auto.offset.reset": "earliest",
-            "log_level": 3,
-        })
         lag_at = 0.0
-        try:
+        with reading(self.config, lambda reason: self._fail(reason, consumer)) as consumer:
             consumer.assign([TopicPartition(r.topic, r.partition, r.start) for r in replicas])
             while not self._stopping.is_set():
                 messages = consumer.consume(self.batch_max, POLL_S)
@@ -179,15 +172,6 @@ class StandbyApplier:
                 if time.monotonic() >= lag_at:
                     self._measure_lag(consumer)
                     lag_at = time.monotonic() + LAG_EVERY_S
-        except KafkaException as exc:
-            self._fail(f"consumer error: {exc}", consumer)
-        except Exception as exc:  # noqa: BLE001 - a RocksDB write: the copy stays where it was
-            self._fail(f"{type(exc).__name__}: {exc}", consumer)
-        finally:
-            try:
-                consumer.close()
-            except Exception:  # noqa: BLE001,S110 - closing a consumer that failed
-                pass
 
     def _apply(self, messages: list[Any], dbs: Mapping[tuple[str, int], Replica]) -> None:
         import rocksdict
@@ -195,17 +179,8 @@ class StandbyApplier:
         def new_batch() -> Any:
             return rocksdict.WriteBatch(raw_mode=True)
 
-        records = []
-        for m in messages:
-            err = m.error()
-            if err is not None:
-                if err.fatal():
-                    from confluent_kafka import KafkaException
-
-                    raise KafkaException(err)
-                self._warn.log("standby replica: %s (retried by librdkafka)", err)
-                continue
-            records.append((m.topic(), m.partition(), m.offset(), m.key(), m.value()))
+        records = [(m.topic(), m.partition(), m.offset(), m.key(), m.value())
+                   for m in records_of(messages, self._warn, "standby replica")]
         for tp, batch in partition_writes(records).items():
             write_run(dbs[tp].db, batch, new_batch)  # the rows and Faust's persisted offset, atomically
             self._next[tp] = batch.last + 1

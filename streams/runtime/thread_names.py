@@ -2,7 +2,8 @@
 `ps -L`, /proc/<pid>/task/<tid>/comm and profilers show), so their CPU can be told apart:
 `ms-consumer` (Faust's consumer thread: aiokafka's fetches), `ms-outputs` (the output
 producer's delivery reports), `ms-probe` (the registry and broker probe), `ms-standby` (the
-standby replicas' applier). librdkafka names its own (`rdk:…`), RocksDB its own."""
+standby replicas' applier), `ms-input` (the inputs fetched by librdkafka: MEMSTREAM_INPUT_FETCH).
+librdkafka names its own (`rdk:…`), RocksDB its own."""
 
 from __future__ import annotations
 

@@ -211,6 +211,15 @@ def test_the_livelock_check_skips_a_partition_assigned_but_not_yet_sought(monkey
         Probe().verify_event_path(0.0, TP("t", 0))
     assert checked == [TP("t", 0)]  # checked only once the position is known
 
+    # a partition whose records are fetched outside Faust (direct_input.py) is never checked
+    class Claiming(Probe):
+        app = SimpleNamespace(memstream_runtime=SimpleNamespace(input_claims=lambda tps: {tp for tp in tps if tp.topic == "in"}))
+
+    checked.clear()
+    Claiming().verify_event_path(0.0, TP("in", 0))
+    Claiming().verify_event_path(0.0, TP("t", 0))
+    assert checked == [TP("t", 0)]
+
 # ------------------------------------------ defect 10: records queued behind a stopping worker's last batch
 def _message(topic: str, offset: int):
     from faust.types.tuples import Message

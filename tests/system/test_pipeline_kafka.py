@@ -39,8 +39,11 @@ def test_avro_record_through_the_registry_reads_with_plain_confluent_deserialize
     assert record["nodeId"] is None and record["budget"] is None
 
 
-def test_worker_materializes_graph_state_and_dead_letters_garbage(stack, unique):
-    graph_id = f"g-e2e-{unique}"
+@pytest.mark.parametrize("input_fetch", ["librdkafka", "faust"])
+def test_worker_materializes_graph_state_and_dead_letters_garbage(stack, unique, input_fetch):
+    """Either input path (MEMSTREAM_INPUT_FETCH): librdkafka's, the default every other Kafka test
+    runs, and Faust's own."""
+    graph_id = f"g-e2e-{input_fetch}-{unique}"
     t0 = 1_793_491_200_000
     events = [
         {"ts": t0, "graphId": graph_id, "event": "phase_change", "status": "executing"},
@@ -53,8 +56,9 @@ def test_worker_materializes_graph_state_and_dead_letters_garbage(stack, unique)
         {"ts": t0 + 950, "graphId": graph_id, "event": "phase_change", "status": "complete"},
     ]
     port = free_port()
-    env = {"MEMSTREAM_APP_ID": f"it-{unique}", "MEMSTREAM_WEB_PORT": str(port), "MEMSTREAM_API_TOKENS": "t:none"}
-    with worker(stack, f"graph-{unique}", env=env):
+    env = {"MEMSTREAM_APP_ID": f"it-{input_fetch}-{unique}", "MEMSTREAM_WEB_PORT": str(port), "MEMSTREAM_API_TOKENS": "t:none",
+           "MEMSTREAM_INPUT_FETCH": input_fetch}
+    with worker(stack, f"graph-{input_fetch}-{unique}", env=env) as proc:
         produce(stack, catalog.GRAPH_EVENTS, [(graph_id, e) for e in events])
         produce(stack, catalog.GRAPH_EVENTS, [(graph_id, b'{"graphId": "not avro"}')])
         states = consume(stack, catalog.GRAPH_STATE,
@@ -63,6 +67,8 @@ def test_worker_materializes_graph_state_and_dead_letters_garbage(stack, unique)
         api = http_get(port, f"/v1/graphs/{graph_id}", "t")
         missing = http_get(port, "/v1/graphs/no-such-graph", "t")
         denied = http_get(port, f"/v1/graphs/{graph_id}")
+    log = (ROOT / ".memstream" / "test-logs" / f"graph-{input_fetch}-{unique}.log").read_text(errors="replace")
+    assert ("input fetched by librdkafka" in log) == (input_fetch == "librdkafka"), proc.args
     final = [m["value"] for m in states if m["key"] == graph_id][-1]
     assert api == (200, final)  # the HTTP view serves the same state as the compacted topic
     assert missing[0] == 404 and denied[0] == 401

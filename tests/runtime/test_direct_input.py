@@ -1,0 +1,85 @@
+"""The plain parts of the input fetch outside Faust (streams/runtime/direct_input.py) and its settings:
+the offsets a batch commits, the record shape a handler reads, the bounds. The fetch itself runs
+against a real broker in tests/runtime/test_direct_input_kafka.py."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streams.runtime.direct_input import Event, InputFetch, Message, event_of, next_offsets
+from streams.settings import INPUT_QUEUE_KBYTES_MAX, Settings, SettingsError
+
+
+def _event(topic: str, partition: int, offset: int) -> Event:
+    return Event(Message(topic, partition, offset, b"k", b"v", None, 0.0))
+
+
+records = st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 3), st.integers(0, 10_000)), max_size=60)
+
+
+@given(records)
+def test_a_batch_commits_one_past_the_highest_offset_of_each_of_its_partitions(recs):
+    offsets = next_offsets(_event(t, p, o) for t, p, o in recs)
+    assert set(offsets) == {(t, p) for t, p, _ in recs}
+    for (t, p), committed in offsets.items():
+        assert committed == max(o for tt, pp, o in recs if (tt, pp) == (t, p)) + 1
+
+
+class FakeKafkaMessage:
+    """What confluent-kafka hands for a record (the methods `event_of` calls)."""
+
+    def __init__(self, ts: tuple[int, int], headers=None) -> None:
+        self.ts, self.hdrs = ts, headers
+
+    def topic(self):
+        return "memory.candidates.v1"
+
+    def partition(self):
+        return 2
+
+    def offset(self):
+        return 41
+
+    def key(self):
+        return b"user"
+
+    def value(self):
+        return b"\x00\x00\x00\x00\x01"
+
+    def headers(self):
+        return self.hdrs
+
+    def timestamp(self):
+        return self.ts
+
+
+def test_a_record_reads_as_fausts_message_does():
+    e = event_of(FakeKafkaMessage((1, 1_767_225_600_123), [("h", b"v")]))
+    m = e.message
+    assert (m.topic, m.partition, m.offset, m.key, m.value) == ("memory.candidates.v1", 2, 41, b"user", b"\x00\x00\x00\x00\x01")
+    assert m.timestamp == pytest.approx(1_767_225_600.123)  # seconds, as Faust's
+    assert m.headers == [("h", b"v")]
+    assert m.acked is False
+    # a record without a timestamp (librdkafka: type 0, -1) reads as Faust's "none" (0.0)
+    assert event_of(FakeKafkaMessage((0, -1))).message.timestamp == 0.0
+
+
+def test_claims_are_the_partitions_of_its_topics_only():
+    from faust.types import TP
+
+    fetch = InputFetch("agent", ["a", "b"], {}, 10, 0.02)
+    tps = {TP("a", 0), TP("b", 3), TP("c", 0), TP("a-changelog", 1)}
+    assert fetch.claims(tps) == {TP("a", 0), TP("b", 3)}
+
+
+def test_input_fetch_settings_are_checked():
+    assert Settings().input_fetch == "librdkafka"
+    assert Settings(input_fetch="faust").input_fetch == "faust"
+    with pytest.raises(SettingsError, match="MEMSTREAM_INPUT_FETCH"):
+        Settings(input_fetch="aiokafka")
+    for bad in (0, -1, INPUT_QUEUE_KBYTES_MAX + 1):
+        with pytest.raises(SettingsError, match="MEMSTREAM_INPUT_QUEUE_KBYTES"):
+            Settings(input_queue_kbytes=bad)
+    assert Settings(input_queue_kbytes=INPUT_QUEUE_KBYTES_MAX).input_queue_kbytes == INPUT_QUEUE_KBYTES_MAX
