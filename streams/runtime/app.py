@@ -677,7 +677,8 @@ class Runtime:
             name, channel.topics, {"bootstrap.servers": self.settings.broker, "client.id": f"{self.settings.app_id}-input",
                                    "group.id": self.app.conf.id,  # offsets read only: never joined, never committed here
                                    "queued.max.messages.kbytes": self.settings.input_queue_kbytes},
-            self.settings.batch_max, self.settings.batch_wait_ms / 1000, count=self.count, on_failed=self._input_failed)
+            self.settings.batch_max, self.settings.batch_wait_ms / 1000, count=self.count, on_failed=self._input_failed,
+            commit_interval_s=float(self.app.conf.broker_commit_interval))  # as often as Faust commits
 
         @self.app.agent(channel, name=name)
         async def subscribed(stream):

@@ -9,9 +9,9 @@ bench (bench/RESULTS.md), that hand-off was ~14% of a worker's main thread and i
 
 Here one librdkafka consumer per stateful agent fetches that agent's input partitions in its own
 thread and hands the event loop whole batches; the agent applies them with the same batch protocol
-(streams/runtime/checkpoint.py) and then commits their offsets through Faust's consumer, the group's
-member, so a commit of a worker that lost its partitions in a rebalance is refused by the broker
-(never applied twice by two owners' commits).
+(streams/runtime/checkpoint.py), and the applied batches' offsets are committed through Faust's
+consumer, the group's member (as often as Faust commits its own, and at every stop), so a commit
+of a worker that lost its partitions in a rebalance is refused by the broker.
 
 - Faust still subscribes the topics, its assignor still assigns them (co-partitioned with the
   tables' changelogs and standbys), and its recovery still restores the tables; it never fetches
@@ -19,7 +19,7 @@ member, so a commit of a worker that lost its partitions in a rebalance is refus
   paused, as it does the standby partitions of streams/runtime/standby.py.
 - A rebalance stops the fetch first (`stop`, from the consumer's `on_partitions_revoked` /
   `on_partitions_assigned`, before Faust's own): no batch starts after that, the batch in flight
-  finishes and its offsets are committed (still as this generation's member), the thread and its
+  finishes and the applied batches are committed (still as this generation's member), the thread and its
   consumer are closed, and records it had fetched beyond that batch are dropped (never committed:
   read again by the partition's owner).
 - Once the rebalance is complete (Faust's recovery done) the fetch starts again on the agent's
@@ -99,9 +99,11 @@ class InputFetch:
 
     def __init__(self, name: str, topics: Iterable[str], config: Mapping[str, Any], batch_max: int,
                  batch_wait_s: float, count: Callable[..., None] | None = None,
-                 on_failed: Callable[[str], None] | None = None) -> None:
+                 on_failed: Callable[[str], None] | None = None, commit_interval_s: float = 0.0) -> None:
         """`on_failed(reason)` is called in the event loop when the thread stops on an error (the
-        worker stops: it must not hold partitions it no longer reads)."""
+        worker stops: it must not hold partitions it no longer reads). Applied batches' offsets
+        are committed at most every `commit_interval_s` (0: after every batch), and always by
+        `stop`."""
         self.name = name
         self.topics = frozenset(topics)
         self.config = dict(config)
@@ -118,6 +120,10 @@ class InputFetch:
         self._warn = Throttled(log, logging.WARNING, WARN_EVERY_S)
         self.partitions: list[tuple[str, int]] = []  #: fetched from `start` until `stop`
         self.committed: dict[tuple[str, int], int] = {}  #: the offsets this fetch committed last
+        self.commit_interval_s = commit_interval_s
+        #: the offsets of applied batches not committed yet, and what commits them (`run`)
+        self._pending: dict[tuple[str, int], int] = {}
+        self._commit: Callable[[dict[tuple[str, int], int]], Awaitable[bool]] | None = None
         self.failed: str | None = None  #: why the thread stopped early (the worker then exits)
 
     def claims(self, tps: Iterable[Any]) -> set[Any]:
@@ -153,8 +159,9 @@ class InputFetch:
                  ", ".join(f"{t}[{p}]" for t, p in self.partitions))
 
     async def stop(self) -> None:
-        """No batch starts after this; the batch being applied finishes (and is committed), the
-        thread stops and is joined; records fetched beyond are dropped (never committed)."""
+        """No batch starts after this; the batch being applied finishes, the applied batches'
+        offsets are committed, the thread stops and is joined; records fetched beyond are dropped
+        (never committed)."""
         queue, idle = self._loop_side()
         self._generation += 1  # what is queued now is never applied
         thread = self._fetching
@@ -165,33 +172,61 @@ class InputFetch:
         while not queue.empty():
             queue.get_nowait()
         await idle.wait()
+        await self._flush()
         self.partitions = []
 
     async def run(self, apply: Callable[[list[Event]], Awaitable[bool]],
                   commit: Callable[[dict[tuple[str, int], int]], Awaitable[bool]]) -> None:
-        """Apply every batch fetched, then commit its offsets (the agent's task, for good);
-        a batch `apply` did not apply (False: the worker stops) is not committed."""
+        """Apply every batch fetched and commit the applied batches' offsets (every
+        `commit_interval_s`; the agent's task, for good). A batch `apply` did not apply (False:
+        the worker drains) is not committed."""
         queue, idle = self._loop_side()
+        self._commit = commit
+        loop = asyncio.get_running_loop()
+        due = 0.0  #: when the pending offsets must be committed
         while True:
-            generation, events, room = await queue.get()
+            if self._pending and self.commit_interval_s > 0:
+                try:
+                    item = await asyncio.wait_for(queue.get(), max(0.0, due - loop.time()))
+                except TimeoutError:
+                    await self._busy_while(idle, self._flush())
+                    continue
+            else:
+                item = await queue.get()
+            generation, events, room = item
             room.release()
             if generation != self._generation:
                 continue
-            self._busy = True
-            idle.clear()
-            try:
-                if not await apply(events):
-                    continue
-                offsets = next_offsets(events)
-                if await commit(offsets):
-                    self.committed.update(offsets)
-                else:
-                    self._count("input:commit_refused")
-                    log.info("%s: commit of %d record(s) refused (a rebalance came first); the partitions' "
-                             "owner reads them again", self.name, len(events))
-            finally:
-                self._busy = False
-                idle.set()
+            if await self._busy_while(idle, apply(events)):
+                if not self._pending:
+                    due = loop.time() + self.commit_interval_s
+                for tp, offset in next_offsets(events).items():
+                    self._pending[tp] = max(offset, self._pending.get(tp, -1))
+                if loop.time() >= due:
+                    await self._busy_while(idle, self._flush())
+
+    async def _busy_while(self, idle: asyncio.Event, work: Awaitable[Any]) -> Any:
+        """Run `work` as what `stop` waits for (a batch being applied, a commit under way)."""
+        self._busy = True
+        idle.clear()
+        try:
+            return await work
+        finally:
+            self._busy = False
+            idle.set()
+
+    async def _flush(self) -> None:
+        """Commit the offsets of the batches applied so far (refused: a rebalance came first, and
+        the partitions' owner reads those records again)."""
+        if not self._pending or self._commit is None:
+            return
+        offsets, self._pending = self._pending, {}
+        if await self._commit(offsets):
+            self.committed.update(offsets)
+        else:
+            self._count("input:commit_refused")
+            log.info("%s: commit of %s refused (a rebalance came first); the partitions' owner reads those "
+                     "records again", self.name, ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(offsets.items())))
 
     # ------------------------------------------------------------------------- the thread
     def _run(self, partitions: list[tuple[str, int]], generation: int, queue: asyncio.Queue,

@@ -7,6 +7,8 @@ on the real broker:
 - started again (the next rebalance), it reads only what follows the committed offsets;
 - a batch not applied (the worker drains) is not committed: started again, it is read again;
 - stopped, it hands nothing more, and a batch being applied finishes before `stop` returns;
+- with a commit interval, the applied batches' offsets are committed together once it has
+  passed, and by `stop` whatever it is;
 - the prefetch bound reaches librdkafka.
 
 A whole worker with its inputs fetched so (Faust's assignor, the claimed partitions left paused in
@@ -69,9 +71,11 @@ class Group:
         return {tp.partition: tp.offset for tp in tps}
 
 
-def _fetch(settings, topic: str, group: str, batch_max: int = 50, queue_kbytes: int = 1024) -> InputFetch:
+def _fetch(settings, topic: str, group: str, batch_max: int = 50, queue_kbytes: int = 1024,
+           commit_interval_s: float = 0.0) -> InputFetch:
     return InputFetch("test", [topic], {"bootstrap.servers": settings.broker, "group.id": group,
-                                        "queued.max.messages.kbytes": queue_kbytes}, batch_max, 0.02)
+                                        "queued.max.messages.kbytes": queue_kbytes}, batch_max, 0.02,
+                      commit_interval_s=commit_interval_s)
 
 
 async def _run_until(fetch: InputFetch, group: Group, want: int, apply=None, timeout: float = 60) -> list:
@@ -213,3 +217,42 @@ def test_a_fetch_that_fails_says_why_counts_it_and_commits_nothing(stack, unique
     assert failed == ["ValueError: a record librdkafka handed could not be read"] == [fetch.failed]
     assert counted == ["input:fetch_failed"]
     assert g.commits == [] and all(o < 0 for o in g.committed(topic).values())
+
+
+def test_with_a_commit_interval_applied_batches_are_committed_together_and_by_stop(stack, unique):
+    topic, group = f"it-input-interval-{unique}", f"it-input-interval-{unique}"
+    written = _topic(stack, topic, 200)
+    g = Group(stack, group)
+    ends = {(topic, p): written[p][-1] + 1 for p in range(PARTITIONS)}
+
+    async def scenario(interval: float) -> list[int]:
+        fetch = _fetch(stack, topic, f"{group}-{interval}", batch_max=10, commit_interval_s=interval)
+        fetch_group = Group(stack, f"{group}-{interval}")
+        seen: list[int] = []
+
+        async def apply(events) -> bool:
+            seen.append(len(events))
+            return True
+
+        runner = asyncio.ensure_future(fetch.run(apply, fetch_group.commit))
+        fetch.start((topic, p) for p in range(PARTITIONS))
+        deadline = time.monotonic() + 30
+        while sum(seen) < 200:
+            assert time.monotonic() < deadline, sum(seen)
+            await asyncio.sleep(0.05)
+        if interval < 10:
+            await asyncio.sleep(interval + 0.5)  # the interval passes: committed without a stop
+            assert fetch_group.commits and fetch_group.commits[-1] == {tp: o for tp, o in ends.items()
+                                                                       if tp in fetch_group.commits[-1]}
+            assert {tp: o for c in fetch_group.commits for tp, o in c.items()} == ends
+        else:
+            assert fetch_group.commits == []  # 20 batches applied, none committed before the interval
+        await fetch.stop()
+        runner.cancel()
+        assert fetch.committed == ends
+        assert fetch_group.committed(topic) == {p: o for (_t, p), o in ends.items()}
+        return [len(c) for c in fetch_group.commits]
+
+    assert asyncio.run(scenario(3600.0)) == [PARTITIONS]  # one commit, by stop, of every partition's end
+    assert len(asyncio.run(scenario(0.5))) < 20  # fewer commits than batches
+    assert g.commits == []
