@@ -30,8 +30,9 @@ of a worker that lost its partitions in a rebalance is refused by the broker.
   leaves the records to be read again by the partition's owner (derived ids repeat).
 
 Bounds: at most `MEMSTREAM_INPUT_QUEUE_KBYTES` of records prefetched per agent (librdkafka's
-`queued.max.messages.kbytes`) and at most two batches handed to the event loop ahead of the one
-being applied. The grouping of offsets to commit (`next_offsets`) is plain Python, tested without
+`queued.max.messages.kbytes`) and at most twice MEMSTREAM_BATCH_MAX records fetched and waiting for
+the event loop, which takes them a batch at a time when it is ready for one (`Fetched`). The
+grouping of offsets to commit (`next_offsets`) and the hand-over (`Fetched`) are tested without
 Kafka; the fetch is tested against a real broker (tests/runtime/test_direct_input_kafka.py).
 """
 
@@ -50,7 +51,7 @@ from .thread_names import name_os_thread
 log = logging.getLogger("memstream.input")
 
 POLL_S = 0.1  #: the thread's longest wait for a first record (also how soon it sees a stop)
-AHEAD = 2  #: batches handed to the event loop ahead of the one it applies
+AHEAD = 2  #: the records fetched and not yet taken are at most this many batches (MEMSTREAM_BATCH_MAX)
 WARN_EVERY_S = 10.0  #: at most one warning line per this many seconds for non-fatal consumer errors
 OFFSET_STORED = -1000  #: librdkafka's logical offset: the group's committed offset (else auto.offset.reset)
 
@@ -94,6 +95,48 @@ def next_offsets(events: Iterable[Event]) -> dict[tuple[str, int], int]:
     return out
 
 
+class Fetched:
+    """The records one fetch thread fetched and the event loop has not taken yet. The loop takes
+    them a batch at a time when it is ready for one, so a batch holds everything that came while
+    the previous one was applied (as Faust's `take_events` does); the thread waits while
+    `limit` records are waiting."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
+        self.loop, self.limit = loop, limit
+        self.events: list[Event] = []
+        self.room = threading.Condition()
+        self.ready = asyncio.Event()  #: set while there are records (or the buffer is dropped)
+        self.dropped = False
+
+    def put(self, events: list[Event], stopping: threading.Event) -> None:
+        """(The thread.) Add `events` once fewer than `limit` wait (or the fetch stops)."""
+        with self.room:
+            while len(self.events) >= self.limit and not stopping.is_set():
+                self.room.wait(POLL_S)
+            if stopping.is_set():
+                return
+            was_empty = not self.events
+            self.events.extend(events)
+        if was_empty:
+            self.loop.call_soon_threadsafe(self.ready.set)
+
+    def take(self, n: int) -> list[Event]:
+        """(The event loop.) Up to `n` of the waiting records, oldest first."""
+        with self.room:
+            taken, self.events = self.events[:n], self.events[n:]
+            if not self.events and not self.dropped:
+                self.ready.clear()
+            self.room.notify()
+        return taken
+
+    def drop(self) -> None:
+        """(The event loop.) The fetch stopped: what waits is never applied; a `run` waiting wakes."""
+        with self.room:
+            self.events, self.dropped = [], True
+            self.room.notify()
+        self.ready.set()
+
+
 class InputFetch:
     """One stateful agent's input partitions, fetched by librdkafka in a thread of their own."""
 
@@ -112,9 +155,8 @@ class InputFetch:
         self._on_failed = on_failed or (lambda _reason: None)
         self._fetching: threading.Thread | None = None
         self._stopping = threading.Event()
-        #: (generation, events, the semaphore to release once the loop took them)
-        self._queue: asyncio.Queue[tuple[int, list[Event], threading.Semaphore]] | None = None
-        self._generation = 0  #: chunks of an earlier `start` are dropped
+        self._fetched: Fetched | None = None  #: the current fetch's records (None: none started)
+        self._started = asyncio.Event()  #: set by `start` (wakes a `run` waiting for a fetch)
         self._busy = False
         self._idle: asyncio.Event | None = None
         self._warn = Throttled(log, logging.WARNING, WARN_EVERY_S)
@@ -134,26 +176,26 @@ class InputFetch:
     def running(self) -> bool:
         return self._fetching is not None and self._fetching.is_alive()
 
-    def _loop_side(self) -> tuple[asyncio.Queue, asyncio.Event]:
-        if self._queue is None:
-            self._queue, self._idle = asyncio.Queue(), asyncio.Event()
+    def _loop_side(self) -> asyncio.Event:
+        """What `stop` waits for: no batch being applied, no commit under way."""
+        if self._idle is None:
+            self._idle = asyncio.Event()
             self._idle.set()
-        assert self._idle is not None
-        return self._queue, self._idle
+        return self._idle
 
     def start(self, partitions: Iterable[tuple[str, int]]) -> None:
         """Fetch `partitions` from the group's committed offsets (the previous fetch must be stopped)."""
         assert not self.running, f"input fetch of {self.name} started twice"
-        queue, _idle = self._loop_side()
+        self._loop_side()
         self.partitions = sorted(set(partitions))
         self.failed = None
         if not self.partitions:
             return
-        self._generation += 1
         self._stopping.clear()
-        self._fetching = threading.Thread(target=self._run, args=(self.partitions, self._generation, queue,
-                                                                asyncio.get_running_loop(), threading.Semaphore(AHEAD)),
-                                        name=f"memstream-input-{self.name}", daemon=True)
+        fetched = self._fetched = Fetched(asyncio.get_running_loop(), AHEAD * self.batch_max)
+        self._started.set()
+        self._fetching = threading.Thread(target=self._run, args=(self.partitions, fetched),
+                                          name=f"memstream-input-{self.name}", daemon=True)
         self._fetching.start()
         log.info("%s: input fetched by librdkafka from the committed offsets of %s", self.name,
                  ", ".join(f"{t}[{p}]" for t, p in self.partitions))
@@ -162,15 +204,15 @@ class InputFetch:
         """No batch starts after this; the batch being applied finishes, the applied batches'
         offsets are committed, the thread stops and is joined; records fetched beyond are dropped
         (never committed)."""
-        queue, idle = self._loop_side()
-        self._generation += 1  # what is queued now is never applied
+        idle = self._loop_side()
+        fetched, self._fetched = self._fetched, None
+        self._stopping.set()
+        if fetched is not None:
+            fetched.drop()  # what waits now is never applied
         thread = self._fetching
         if thread is not None:
-            self._stopping.set()
             await asyncio.get_running_loop().run_in_executor(None, thread.join)
             self._fetching = None
-        while not queue.empty():
-            queue.get_nowait()
         await idle.wait()
         await self._flush()
         self.partitions = []
@@ -180,22 +222,29 @@ class InputFetch:
         """Apply every batch fetched and commit the applied batches' offsets (every
         `commit_interval_s`; the agent's task, for good). A batch `apply` did not apply (False:
         the worker drains) is not committed."""
-        queue, idle = self._loop_side()
+        idle = self._loop_side()
         self._commit = commit
         loop = asyncio.get_running_loop()
         due = 0.0  #: when the pending offsets must be committed
         while True:
+            fetched = self._fetched
+            if fetched is None:
+                self._started.clear()
+                waiting = self._started.wait()
+            else:
+                waiting = fetched.ready.wait()
             if self._pending and self.commit_interval_s > 0:
                 try:
-                    item = await asyncio.wait_for(queue.get(), max(0.0, due - loop.time()))
+                    await asyncio.wait_for(waiting, max(0.0, due - loop.time()))
                 except TimeoutError:
                     await self._busy_while(idle, self._flush())
                     continue
             else:
-                item = await queue.get()
-            generation, events, room = item
-            room.release()
-            if generation != self._generation:
+                await waiting
+            if fetched is None or fetched is not self._fetched:
+                continue  # started, or stopped meanwhile: look again
+            events = fetched.take(self.batch_max)
+            if not events:
                 continue
             if await self._busy_while(idle, apply(events)):
                 if not self._pending:
@@ -229,12 +278,11 @@ class InputFetch:
                      "records again", self.name, ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(offsets.items())))
 
     # ------------------------------------------------------------------------- the thread
-    def _run(self, partitions: list[tuple[str, int]], generation: int, queue: asyncio.Queue,
-             loop: asyncio.AbstractEventLoop, room: threading.Semaphore) -> None:
+    def _run(self, partitions: list[tuple[str, int]], fetched: Fetched) -> None:
         from confluent_kafka import TopicPartition
 
         name_os_thread("ms-input")
-        with reading(self.config, lambda reason: self._fail(reason, loop)) as consumer:
+        with reading(self.config, lambda reason: self._fail(reason, fetched.loop)) as consumer:
             consumer.assign([TopicPartition(t, p, OFFSET_STORED) for t, p in partitions])
             while not self._stopping.is_set():
                 first = consumer.poll(POLL_S)
@@ -243,10 +291,8 @@ class InputFetch:
                 messages = [first, *consumer.consume(self.batch_max - 1, self.batch_wait_s)] \
                     if self.batch_max > 1 else [first]
                 events = self._events(messages)
-                while events and not self._stopping.is_set():
-                    if room.acquire(timeout=POLL_S):
-                        loop.call_soon_threadsafe(queue.put_nowait, (generation, events, room))
-                        break
+                if events:
+                    fetched.put(events, self._stopping)
 
     def _events(self, messages: list[Any]) -> list[Event]:
         return [event_of(m) for m in records_of(messages, self._warn, f"{self.name} input")]

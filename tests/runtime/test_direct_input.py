@@ -83,3 +83,42 @@ def test_input_fetch_settings_are_checked():
         with pytest.raises(SettingsError, match="MEMSTREAM_INPUT_QUEUE_KBYTES"):
             Settings(input_queue_kbytes=bad)
     assert Settings(input_queue_kbytes=INPUT_QUEUE_KBYTES_MAX).input_queue_kbytes == INPUT_QUEUE_KBYTES_MAX
+
+
+def test_the_loop_takes_everything_that_came_meanwhile_a_batch_at_a_time_and_the_thread_waits_at_the_limit():
+    import asyncio
+    import threading
+
+    from streams.runtime.direct_input import Fetched
+
+    async def scenario() -> None:
+        fetched = Fetched(asyncio.get_running_loop(), limit=6)
+        stopping = threading.Event()
+        assert not fetched.ready.is_set()
+        fetched.put([_event("a", 0, 0), _event("a", 0, 1)], stopping)
+        fetched.put([_event("a", 1, 0)], stopping)  # came while the loop was busy: one batch with the rest
+        await asyncio.wait_for(fetched.ready.wait(), 1)
+        assert [(e.message.partition, e.message.offset) for e in fetched.take(10)] == [(0, 0), (0, 1), (1, 0)]
+        assert not fetched.ready.is_set()
+        # a batch is at most n; the rest waits for the next take
+        fetched.put([_event("a", 0, o) for o in range(2, 7)], stopping)
+        await asyncio.wait_for(fetched.ready.wait(), 1)
+        assert [e.message.offset for e in fetched.take(3)] == [2, 3, 4] and fetched.ready.is_set()
+        # at the limit the thread waits until the loop takes
+        fetched.put([_event("a", 2, o) for o in range(4)], stopping)  # 2 + 4 = 6 waiting
+        blocked = threading.Thread(target=fetched.put, args=([_event("a", 2, 99)], stopping))
+        blocked.start()
+        await asyncio.sleep(0.3)
+        assert blocked.is_alive() and len(fetched.events) == 6
+        assert len(fetched.take(6)) == 6
+        await asyncio.get_running_loop().run_in_executor(None, blocked.join, 2)
+        assert not blocked.is_alive() and [e.message.offset for e in fetched.take(6)] == [99]
+        # dropped (the fetch stopped): nothing waits, a waiting loop wakes, a waiting thread gives up
+        fetched.put([_event("a", 0, 7)], stopping)
+        fetched.drop()
+        assert fetched.take(10) == [] and fetched.ready.is_set()
+        stopping.set()
+        fetched.put([_event("a", 0, 8)], stopping)
+        assert fetched.events == []
+
+    asyncio.run(scenario())

@@ -101,6 +101,24 @@ async def _run_until(fetch: InputFetch, group: Group, want: int, apply=None, tim
     return batches
 
 
+async def _running(fetch: InputFetch, commit, until, what: str, timeout: float = 30) -> tuple[list[int], asyncio.Future]:
+    """Start the fetch on every partition with an `apply` that notes each batch's size; returns
+    (those sizes, the running task) once `until(sizes)`."""
+    sizes: list[int] = []
+
+    async def apply(events) -> bool:
+        sizes.append(len(events))
+        return True
+
+    runner = asyncio.ensure_future(fetch.run(apply, commit))
+    fetch.start((topic, p) for topic in fetch.topics for p in range(PARTITIONS))
+    deadline = time.monotonic() + timeout
+    while not until(sizes):
+        assert time.monotonic() < deadline, f"{what} (batches applied: {sizes})"
+        await asyncio.sleep(0.05)
+    return sizes, runner
+
+
 def test_records_come_once_in_order_in_bounded_batches_and_are_committed(stack, unique):
     topic, group = f"it-input-{unique}", f"it-input-{unique}"
     written = _topic(stack, topic, 400)
@@ -197,18 +215,7 @@ def test_a_fetch_that_fails_says_why_counts_it_and_commits_nothing(stack, unique
                        count=lambda name, n=1: counted.append(name), on_failed=failed.append)
 
     async def scenario() -> None:
-        applied: list[int] = []
-
-        async def apply(events) -> bool:
-            applied.append(len(events))
-            return True
-
-        runner = asyncio.ensure_future(fetch.run(apply, g.commit))
-        fetch.start((topic, p) for p in range(PARTITIONS))
-        deadline = time.monotonic() + 30
-        while not failed:
-            assert time.monotonic() < deadline, "the fetch did not report its failure"
-            await asyncio.sleep(0.05)
+        applied, runner = await _running(fetch, g.commit, lambda _sizes: bool(failed), "the fetch did not report its failure")
         await fetch.stop()
         runner.cancel()
         assert applied == []
@@ -228,18 +235,7 @@ def test_with_a_commit_interval_applied_batches_are_committed_together_and_by_st
     async def scenario(interval: float) -> list[int]:
         fetch = _fetch(stack, topic, f"{group}-{interval}", batch_max=10, commit_interval_s=interval)
         fetch_group = Group(stack, f"{group}-{interval}")
-        seen: list[int] = []
-
-        async def apply(events) -> bool:
-            seen.append(len(events))
-            return True
-
-        runner = asyncio.ensure_future(fetch.run(apply, fetch_group.commit))
-        fetch.start((topic, p) for p in range(PARTITIONS))
-        deadline = time.monotonic() + 30
-        while sum(seen) < 200:
-            assert time.monotonic() < deadline, sum(seen)
-            await asyncio.sleep(0.05)
+        _sizes, runner = await _running(fetch, fetch_group.commit, lambda sizes: sum(sizes) >= 200, "200 records")
         if interval < 10:
             await asyncio.sleep(interval + 0.5)  # the interval passes: committed without a stop
             assert fetch_group.commits and fetch_group.commits[-1] == {tp: o for tp, o in ends.items()
