@@ -213,7 +213,10 @@ class InputFetch:
         if thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, thread.join)
             self._fetching = None
-        await idle.wait()
+        while True:  # the batch being applied, then a commit `run` may start right after it
+            await idle.wait()
+            if not self._busy:
+                break
         await self._flush()
         self.partitions = []
 

@@ -122,3 +122,42 @@ def test_the_loop_takes_everything_that_came_meanwhile_a_batch_at_a_time_and_the
         assert fetched.events == []
 
     asyncio.run(scenario())
+
+
+def test_stop_returns_only_after_the_commit_that_follows_the_batch_being_applied():
+    """A rebalance stops the fetch while a batch is applied; `run` commits it right after (no
+    commit interval): `stop` returns once that commit is done, not while it is in flight."""
+    import asyncio
+    import threading
+
+    from streams.runtime.direct_input import Fetched
+
+    async def scenario() -> list[str]:
+        steps: list[str] = []
+        applying, release = asyncio.Event(), asyncio.Event()
+
+        async def apply(events) -> bool:
+            applying.set()
+            await release.wait()
+            steps.append("applied")
+            return True
+
+        async def commit(offsets) -> bool:
+            await asyncio.sleep(0.2)  # a commit round trip
+            steps.append(f"committed {sorted(offsets.items())}")
+            return True
+
+        fetch = InputFetch("agent", ["a"], {}, 10, 0.02)
+        fetched = fetch._fetched = Fetched(asyncio.get_running_loop(), 20)  # as `start` makes it (no thread here)
+        fetched.put([_event("a", 0, 5), _event("a", 1, 7)], threading.Event())
+        runner = asyncio.ensure_future(fetch.run(apply, commit))
+        await asyncio.wait_for(applying.wait(), 2)
+        stopping = asyncio.ensure_future(fetch.stop())
+        await asyncio.sleep(0.05)
+        release.set()
+        await asyncio.wait_for(stopping, 5)
+        steps.append("stopped")
+        runner.cancel()
+        return steps
+
+    assert asyncio.run(scenario()) == ["applied", "committed [(('a', 0), 6), (('a', 1), 8)]", "stopped"]
