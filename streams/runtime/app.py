@@ -371,7 +371,7 @@ class Runtime:
         os._exit(EXIT_AGENT_FAILED)
 
     async def _commit_inputs(self, offsets: dict[tuple[str, int], int]) -> bool:
-        """Commit an applied batch's offsets as the group's member (Faust's consumer): refused
+        """Commit applied batches' offsets as the group's member (Faust's consumer): refused
         (False) when a rebalance took the partitions first."""
         return await faust_internals.consumer_thread(self.app.consumer).commit(
             {TP(topic, partition): offset for (topic, partition), offset in offsets.items()})
@@ -661,13 +661,20 @@ class Runtime:
             async for events in stream.take_events(self.settings.batch_max, self.settings.batch_wait_ms / 1000):
                 if self.draining:
                     await self.hold_back(events)
-                with self.never_ack_unless_applied(name, events):
-                    await self.consistent_ids()
-                    with self.in_flight():
-                        async with lock:
-                            await checkpoint.run_batch(list(events), handle, cache, self)
-                    self._applied.update(event.message for event in events)
-                    self.metrics.flush()
+                await self._apply_batch(name, list(events), handle, cache, lock)
+                self._applied.update(event.message for event in events)
+
+    async def _apply_batch(self, name: str, events: list, handle: Callable[..., Awaitable[bool]],
+                           cache: checkpoint.DerivedCache | None, lock: asyncio.Lock) -> None:
+        """One batch of a stateful agent, whoever fetched it: the registry ids consistent, then the
+        batch protocol of `streams.runtime.checkpoint` under the agent's lock, counted in flight; a
+        failure is never committed (`never_ack_unless_applied`)."""
+        with self.never_ack_unless_applied(name, events):
+            await self.consistent_ids()
+            with self.in_flight():
+                async with lock:
+                    await checkpoint.run_batch(events, handle, cache, self)
+            self.metrics.flush()
 
     def _fetched_agent(self, channel: faust.TopicT, name: str, handle: Callable[..., Awaitable[bool]],
                        cache: checkpoint.DerivedCache | None, lock: asyncio.Lock) -> None:
@@ -691,12 +698,7 @@ class Runtime:
         async def apply(events: list) -> bool:
             if self.draining:
                 return False  # never applied, never committed: the partition's next owner reads them
-            with self.never_ack_unless_applied(name, events):
-                await self.consistent_ids()
-                with self.in_flight():
-                    async with lock:
-                        await checkpoint.run_batch(events, handle, cache, self)
-                self.metrics.flush()
+            await self._apply_batch(name, events, handle, cache, lock)
             return True
 
         @self.app.task

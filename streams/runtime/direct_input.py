@@ -157,8 +157,7 @@ class InputFetch:
         self._stopping = threading.Event()
         self._fetched: Fetched | None = None  #: the current fetch's records (None: none started)
         self._started = asyncio.Event()  #: set by `start` (wakes a `run` waiting for a fetch)
-        self._busy = False
-        self._idle: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None  #: clear while a batch is applied or a commit is under way
         self._warn = Throttled(log, logging.WARNING, WARN_EVERY_S)
         self.partitions: list[tuple[str, int]] = []  #: fetched from `start` until `stop`
         self.committed: dict[tuple[str, int], int] = {}  #: the offsets this fetch committed last
@@ -213,10 +212,9 @@ class InputFetch:
         if thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, thread.join)
             self._fetching = None
-        while True:  # the batch being applied, then a commit `run` may start right after it
+        await idle.wait()  # the batch being applied; then a commit `run` may start right after it,
+        while not idle.is_set():  # which clears `idle` again once this waiter was woken
             await idle.wait()
-            if not self._busy:
-                break
         await self._flush()
         self.partitions = []
 
@@ -259,12 +257,10 @@ class InputFetch:
 
     async def _busy_while(self, idle: asyncio.Event, work: Awaitable[Any]) -> Any:
         """Run `work` as what `stop` waits for (a batch being applied, a commit under way)."""
-        self._busy = True
         idle.clear()
         try:
             return await work
         finally:
-            self._busy = False
             idle.set()
 
     async def _flush(self) -> None:
