@@ -270,3 +270,33 @@ def log_of(name: str) -> str:
 
 def tail(path: Path, n: int = 40) -> str:
     return "\n".join(path.read_text().splitlines()[-n:])
+
+
+@contextmanager
+def hung_broker() -> Iterator[tuple[str, list]]:
+    """A "broker" that accepts connections and never answers (hung, not dead): yields its
+    bootstrap address and the connections it accepted."""
+    import socket
+    import threading
+
+    hung = socket.create_server(("127.0.0.1", 0))
+    hung.listen(8)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept_and_say_nothing() -> None:
+        hung.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(hung.accept()[0])
+            except OSError:
+                continue
+
+    threading.Thread(target=accept_and_say_nothing, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{hung.getsockname()[1]}", accepted
+    finally:
+        stop.set()
+        hung.close()
+        for conn in accepted:
+            conn.close()

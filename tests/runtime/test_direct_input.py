@@ -161,3 +161,43 @@ def test_stop_returns_only_after_the_commit_that_follows_the_batch_being_applied
         return steps
 
     assert asyncio.run(scenario()) == ["applied", "committed [(('a', 0), 6), (('a', 1), 8)]", "stopped"]
+
+
+def test_a_hung_broker_applies_nothing_commits_nothing_and_does_not_hang_the_stop():
+    """A broker that accepts connections and never answers: the fetch hands nothing over (the
+    worker's group session decides the partitions' fate), and a rebalance's `stop` still returns
+    at once — the thread sees the stop within its poll, however the broker behaves."""
+    import asyncio
+    import time
+
+    from tests.kafka_util import hung_broker
+
+    applied: list[int] = []
+    commits: list[dict] = []
+
+    async def apply(events) -> bool:
+        applied.append(len(events))
+        return True
+
+    async def commit(offsets) -> bool:
+        commits.append(offsets)
+        return True
+
+    async def scenario(broker: str) -> float:
+        fetch = InputFetch("agent", ["memory.candidates.v1"], {"bootstrap.servers": broker, "group.id": "hung"},
+                           10, 0.02, commit_interval_s=0.5)
+        runner = asyncio.ensure_future(fetch.run(apply, commit))
+        fetch.start([("memory.candidates.v1", 0), ("memory.candidates.v1", 1)])
+        await asyncio.sleep(2.0)
+        assert fetch.running and fetch.failed is None
+        started = time.monotonic()
+        await asyncio.wait_for(fetch.stop(), 30)
+        runner.cancel()
+        assert not fetch.running
+        return time.monotonic() - started
+
+    with hung_broker() as (broker, accepted):
+        stopped_in = asyncio.run(scenario(broker))
+    assert accepted, "the fetch never connected to the hung broker"
+    assert applied == [] and commits == []
+    assert stopped_in < 10, stopped_in  # the poll (0.1 s) and librdkafka's close, not a broker timeout

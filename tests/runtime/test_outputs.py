@@ -112,27 +112,11 @@ def test_a_record_a_hung_broker_never_acknowledges_fails_its_batch_within_the_ou
     """A "broker" that accepts connections and never answers (hung, not dead): the batch's
     wait for its outputs fails once MEMSTREAM_OUTPUT_TIMEOUT_S has passed (librdkafka's
     `message.timeout.ms`), instead of after librdkafka's own 5 minutes."""
-    import socket
     import time
 
-    hung = socket.create_server(("127.0.0.1", 0))
-    hung.listen(8)
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
+    from tests.kafka_util import hung_broker
 
-    def accept_and_say_nothing() -> None:
-        hung.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                accepted.append(hung.accept()[0])
-            except OSError:
-                continue
-
-    threading.Thread(target=accept_and_say_nothing, daemon=True).start()
-    out = OutputProducer.for_worker(f"127.0.0.1:{hung.getsockname()[1]}", "test-outputs-hung", 5, 1_000_000,
-                                    timeout_s=2.0)
-
-    async def batch() -> float:
+    async def batch(out: OutputProducer) -> float:
         d = out.deliveries()
         await out.produce(d, "memory.ledger.v1", b"k", b"v")
         started = time.monotonic()
@@ -140,14 +124,12 @@ def test_a_record_a_hung_broker_never_acknowledges_fails_its_batch_within_the_ou
             await d
         return time.monotonic() - started
 
-    try:
-        waited = asyncio.run(batch())
-    finally:
-        out.close()
-        stop.set()
-        hung.close()
-        for conn in accepted:
-            conn.close()
+    with hung_broker() as (broker, accepted):
+        out = OutputProducer.for_worker(broker, "test-outputs-hung", 5, 1_000_000, timeout_s=2.0)
+        try:
+            waited = asyncio.run(batch(out))
+        finally:
+            out.close()
     assert accepted, "the producer never connected to the hung broker"
     assert 1.5 <= waited < 30, waited  # the 2 s bound (librdkafka checks timeouts about once a second), not 300 s
 
