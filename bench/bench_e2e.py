@@ -77,7 +77,10 @@ What each figure means:
 * **latency**: one worker (store of the first one-worker run), the load's first records (at most
   all of it) produced for `--latency-seconds` at `--latency-rate` (default: half the first
   one-worker run's rate; several rates, comma-separated, give one run each), each record's
-  Kafka timestamp = its send time. A consumer of `memory.ledger.v1` maps each
+  Kafka timestamp = its send time, sent by a producer with librdkafka's default linger of 5 ms
+  (`--latency-linger-ms`; until 2026-12-06 0 ms, a request per record, whose cost to the broker
+  on the same two cores took CPU from the worker). The send time is taken before the record is
+  handed to the producer: its linger is part of the latency. A consumer of `memory.ledger.v1` maps each
   ledger event to its input by id (the candidate's derived `memory_formed`/`memory_consolidated`
   id, the event's own id, the turn's `memory_audit` id) and takes each input's first ledger
   event. *visible* = the tap's receive time - send time (what a downstream consumer sees);
@@ -251,9 +254,10 @@ def produce(settings: Settings, records: list[Record]) -> float:
     return len(records) / (time.monotonic() - started)
 
 
-def paced(settings: Settings, records: list[Record], rate: float) -> list[float]:
-    """Send records at `rate`/s, each with its send time as Kafka timestamp; returns the send times."""
-    sender, sent = Sender(settings, **{"linger.ms": 0}), []
+def paced(settings: Settings, records: list[Record], rate: float, linger_ms: float) -> list[float]:
+    """Send records at `rate`/s, each with its send time as Kafka timestamp, through a producer
+    that waits up to `linger_ms` to fill a request; returns the send times."""
+    sender, sent = Sender(settings, **{"linger.ms": linger_ms}), []
     started = last_report = time.time()
     for n, r in enumerate(records):
         delay = started + n / rate - time.time()
@@ -874,7 +878,7 @@ def percentile(sorted_ms: list[float], q: float) -> float:
 
 
 def latency_run(settings: Settings, load: list[Record], state: list[StateRow], base: Throughput, rate: float,
-                seconds: float, run: Path, n: int = 0) -> Latency:
+                seconds: float, run: Path, n: int = 0, profile: bool = False, linger_ms: float = 5) -> Latency:
     """The load's first records at `rate`/s (default: half `base`'s rate) through one worker of `base`'s store
     (a new application id per run `n`: `--latency-rate 0,0,0,0,0` is five runs from a cold start)."""
     rate = rate or base.rate / 2
@@ -886,13 +890,20 @@ def latency_run(settings: Settings, load: list[Record], state: list[StateRow], b
         ledger = [catalog.MEMORY_LEDGER]
         tap = LedgerTap(settings, kafkatools.end_offsets(settings, ledger))
         tap.start()
+        spy = start_profiler(workers[0].proc.pid, run / f"py-spy-{app_id}.txt") if profile else None
         cpu0, t0 = kafkatools.cpu_seconds(workers[0].proc.pid), time.monotonic()
-        sent = paced(settings, records, rate)
-        wait_processed(settings, app_id, kafkatools.end_offsets(settings, INPUTS), workers)
+        try:
+            sent = paced(settings, records, rate, linger_ms)
+            wait_processed(settings, app_id, kafkatools.end_offsets(settings, INPUTS), workers)
+        finally:
+            if spy:
+                stop_profiler(spy)
         busy = (kafkatools.cpu_seconds(workers[0].proc.pid) - cpu0) / (time.monotonic() - t0)
         tap.drain(kafkatools.end_offsets(settings, ledger))
     finally:
         stop(workers)
+    if spy:
+        report_profile(run / f"py-spy-{app_id}.txt")
     result = match_latencies(settings, records, sent, tap.seen, rate, base.store)
     result.busy = busy
     write_latency_series(run / f"{app_id.removeprefix(run.name + '-')}.tsv", result)
@@ -1242,6 +1253,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--profile", action="store_true",
                     help="one more one-worker run under py-spy (bench/out/<run id>/py-spy-profile.txt), and one more "
                          "same-job round with both systems under py-spy (their parts side by side)")
+    ap.add_argument("--latency-linger-ms", type=float, default=5,
+                    help="the latency run's producer waits up to this long to fill a request (librdkafka's default "
+                         "5; 0 sends a request per record, which costs the broker on this machine ~0.15 core at 925/s)")
+    ap.add_argument("--profile-latency", action="store_true",
+                    help="the first latency run's worker under py-spy (bench/out/<run id>/py-spy-<app id>.txt)")
     return ap.parse_args(argv)
 
 
@@ -1277,7 +1293,8 @@ def run_all(settings: Settings, args: argparse.Namespace, run: Path) -> None:
         report_profile(profile)
     latencies = []
     if args.latency_seconds > 0 and runs:
-        latencies = [latency_run(settings, load, state, runs[0], float(rate), args.latency_seconds, run, n)
+        latencies = [latency_run(settings, load, state, runs[0], float(rate), args.latency_seconds, run, n,
+                                 profile=args.profile_latency and n == 0, linger_ms=args.latency_linger_ms)
                      for n, rate in enumerate(r for r in args.latency_rate.split(",") if r)]
     report(settings, args, len(load), generator, raw, runs, latencies, recovery_runs(settings, args, stores, run), peers,
            core, samejob)

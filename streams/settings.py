@@ -26,6 +26,7 @@ OUTPUT_PRODUCERS = ("librdkafka", "faust")  #: values of MEMSTREAM_OUTPUT_PRODUC
 STANDBY_APPLIERS = ("librdkafka", "faust")  #: values of MEMSTREAM_STANDBY_APPLY
 INPUT_FETCHERS = ("faust", "librdkafka")  #: values of MEMSTREAM_INPUT_FETCH
 INPUT_QUEUE_KBYTES_MAX = 2_097_151  #: librdkafka's largest `queued.max.messages.kbytes`
+FETCH_MIN_BYTES_MAX = 100_000_000  #: librdkafka's largest `fetch.min.bytes`
 
 
 class SettingsError(ValueError):
@@ -82,7 +83,7 @@ class Settings:
     rocksdb_block_cache_bytes: int = field(default=32 * 1024 * 1024, metadata={"doc": "RocksDB block cache of one table partition store (reads of rows not in the worker's own caches). Faust's default is 2 GiB per store; 0 caches no block."})
     rocksdb_memory_bytes: int = field(default=256 * 1024 * 1024, metadata={"doc": "One RocksDB memory budget for all of a worker's table partition stores (every table, active and standby): a block cache of this size shared by every store, the memtables charged to it (at most half of it; past that RocksDB flushes the largest), so RocksDB's memory does not grow with the stores a worker holds (a worker that takes over many partitions after an outage, or a table added). Each store's MEMSTREAM_ROCKSDB_WRITE_BUFFER_BYTES and _WRITE_BUFFERS still bound its own memtables; MEMSTREAM_ROCKSDB_BLOCK_CACHE_BYTES is then unused. 0: no shared budget, each store has its own block cache (MEMSTREAM_ROCKSDB_BLOCK_CACHE_BYTES) and RocksDB's memory grows with the number of stores."})
     max_known_schema_ids: int = field(default=10000, metadata={"doc": "Most schema ids a worker remembers (with the schema each named) in `<data dir>/schema-ids.json`, to notice a registry that hands them out again."})
-    fetch_min_bytes: int = field(default=65536, metadata={"doc": "While records flow, a worker's fetch requests ask the broker to hold them until this many bytes of records are there (or MEMSTREAM_FETCH_MAX_WAIT_MS passed); after MEMSTREAM_FETCH_QUIET_MS without records they ask for Faust's 1 byte / 1500 ms, so the first record after a quiet spell is answered at once and an idle worker does not poll (streams/runtime/fetch_pace.py). Paced at 900 records/s, 65536 with a 25 ms wait cut a worker's CPU by 40% against 1 byte (bench/RESULTS.md). 1 asks for single records throughout."})
+    fetch_min_bytes: int = field(default=65536, metadata={"doc": "While records flow, a worker's fetch requests ask the broker to hold them until this many bytes of records are there (or MEMSTREAM_FETCH_MAX_WAIT_MS passed); after MEMSTREAM_FETCH_QUIET_MS without records they ask for Faust's 1 byte / 1500 ms, so the first record after a quiet spell is answered at once and an idle worker does not poll (streams/runtime/fetch_pace.py). Paced at 900 records/s, 65536 with a 25 ms wait cut a worker's CPU by 40% against 1 byte (bench/RESULTS.md). 1 asks for single records throughout. The stateful agents' input consumers (MEMSTREAM_INPUT_FETCH=librdkafka) always ask for this, held at most MEMSTREAM_FETCH_MAX_WAIT_MS (librdkafka cannot change it on a running consumer): paced at 925 records/s, asking for 1 byte made the broker answer a fetch per few records and cost it more CPU than the worker's own (p99 8.7 s against 0.47 s, bench/RESULTS.md); an idle worker's input consumers then fetch every MEMSTREAM_FETCH_MAX_WAIT_MS. At most 100000000 (librdkafka's limit)."})
     fetch_max_wait_ms: int = field(default=25, metadata={"doc": "While records flow, the longest the broker holds a worker's fetch request for MEMSTREAM_FETCH_MIN_BYTES: at most this much latency added at low rates (1500 when quiet: MEMSTREAM_FETCH_QUIET_MS); at most 10000."})
     fetch_backlog_records: int = field(default=1000, metadata={"doc": "A fetch that hands the streams at least this many records means a backlog: the worker's next fetch requests may be held MEMSTREAM_FETCH_BACKLOG_WAIT_MS, until a fetch hands fewer (the records already fetched keep it busy meanwhile; only its partitions without buffered records are fetched then, and each request costs the consumer thread ~2 ms of CPU)."})
     fetch_backlog_wait_ms: int = field(default=250, metadata={"doc": "The longest the broker holds a worker's fetch request during a backlog (MEMSTREAM_FETCH_BACKLOG_RECORDS); at most MEMSTREAM_FETCH_MAX_WAIT_MS has no effect; at most 10000."})
@@ -197,6 +198,9 @@ class Settings:
                                 "must be more than 0")
         if not self.timer_interval_s > 0:  # 0 or less: the timers would send ticks without pause
             raise SettingsError(f"MEMSTREAM_TIMER_INTERVAL_S={self.timer_interval_s} must be more than 0")
+        if self.fetch_min_bytes > FETCH_MIN_BYTES_MAX:  # also the input consumers' `fetch.min.bytes`
+            raise SettingsError(f"MEMSTREAM_FETCH_MIN_BYTES={self.fetch_min_bytes} must be at most {FETCH_MIN_BYTES_MAX} "
+                                "(librdkafka's limit)")
         for name in ("fetch_max_wait_ms", "fetch_backlog_wait_ms"):  # the broker holds the request this long:
             if getattr(self, name) > FETCH_WAIT_MAX_MS:  # meanwhile no other partition of it is fetched
                 raise SettingsError(f"MEMSTREAM_{name.upper()}={getattr(self, name)} must be at most {FETCH_WAIT_MAX_MS}")

@@ -37,7 +37,7 @@ from streams.contracts.wire import (
 )
 from streams.core.partitioning import misrouted, partition_for
 from streams.runtime import checkpoint, codecs, faust_internals
-from streams.runtime.direct_input import InputFetch
+from streams.runtime.direct_input import InputFetch, consumer_config
 from streams.runtime.handlers import PipelineHook, Rejected
 from streams.runtime.loglimit import Throttled
 from streams.runtime.metrics import Metrics
@@ -681,9 +681,7 @@ class Runtime:
         """`stateful_agent` with its inputs fetched by librdkafka (streams/runtime/direct_input.py):
         the same batch protocol, then the batch's offsets committed through Faust's consumer."""
         fetch = self.input_fetches[name] = InputFetch(
-            name, channel.topics, {"bootstrap.servers": self.settings.broker, "client.id": f"{self.settings.app_id}-input",
-                                   "group.id": self.app.conf.id,  # offsets read only: never joined, never committed here
-                                   "queued.max.messages.kbytes": self.settings.input_queue_kbytes},
+            name, channel.topics, consumer_config(self.settings, self.app.conf.id),  # reads its offsets, never commits
             self.settings.batch_max, self.settings.batch_wait_ms / 1000, count=self.count, on_failed=self._input_failed,
             commit_interval_s=float(self.app.conf.broker_commit_interval))  # as often as Faust commits
 

@@ -42,11 +42,14 @@ import asyncio
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .fetched import reading, records_of
 from .loglimit import Throttled
 from .thread_names import name_os_thread
+
+if TYPE_CHECKING:
+    from streams.settings import Settings
 
 log = logging.getLogger("memstream.input")
 
@@ -75,6 +78,17 @@ class Event:
 
     def __init__(self, message: Message) -> None:
         self.message = message
+
+
+def consumer_config(settings: Settings, group: str) -> dict[str, Any]:
+    """An agent's input consumer: reads `group`'s committed offsets (never joins it, never commits),
+    prefetches at most MEMSTREAM_INPUT_QUEUE_KBYTES, and asks the broker to hold each fetch until
+    MEMSTREAM_FETCH_MIN_BYTES are there or MEMSTREAM_FETCH_MAX_WAIT_MS passed: asking for 1 byte,
+    a worker paced at 925 records/s had a fetch answered per few records, which cost the broker
+    (on the same two cores) more CPU than the worker's own (bench/RESULTS.md)."""
+    return {"bootstrap.servers": settings.broker, "client.id": f"{settings.app_id}-input", "group.id": group,
+            "queued.max.messages.kbytes": settings.input_queue_kbytes,
+            "fetch.min.bytes": settings.fetch_min_bytes, "fetch.wait.max.ms": settings.fetch_max_wait_ms}
 
 
 def event_of(m: Any) -> Event:

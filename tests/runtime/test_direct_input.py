@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streams.runtime.direct_input import Event, InputFetch, Message, event_of, next_offsets
-from streams.settings import INPUT_QUEUE_KBYTES_MAX, Settings, SettingsError
+from streams.settings import FETCH_MIN_BYTES_MAX, INPUT_QUEUE_KBYTES_MAX, Settings, SettingsError
 
 
 def _event(topic: str, partition: int, offset: int) -> Event:
@@ -83,6 +83,20 @@ def test_input_fetch_settings_are_checked():
         with pytest.raises(SettingsError, match="MEMSTREAM_INPUT_QUEUE_KBYTES"):
             Settings(input_queue_kbytes=bad)
     assert Settings(input_queue_kbytes=INPUT_QUEUE_KBYTES_MAX).input_queue_kbytes == INPUT_QUEUE_KBYTES_MAX
+    for bad in (0, FETCH_MIN_BYTES_MAX + 1):  # also the input consumers' fetch.min.bytes
+        with pytest.raises(SettingsError, match="MEMSTREAM_FETCH_MIN_BYTES"):
+            Settings(fetch_min_bytes=bad)
+    assert Settings(fetch_min_bytes=FETCH_MIN_BYTES_MAX).fetch_min_bytes == FETCH_MIN_BYTES_MAX
+
+
+def test_the_input_consumer_reads_the_group_offsets_and_asks_for_batches_of_bytes():
+    from streams.runtime.direct_input import consumer_config
+
+    s = Settings(broker="b:1", app_id="app", input_queue_kbytes=77, fetch_min_bytes=4242, fetch_max_wait_ms=31)
+    config = consumer_config(s, "the-group")
+    assert config == {"bootstrap.servers": "b:1", "client.id": "app-input", "group.id": "the-group",
+                      "queued.max.messages.kbytes": 77, "fetch.min.bytes": 4242, "fetch.wait.max.ms": 31}
+    assert consumer_config(Settings(), "g")["fetch.min.bytes"] == Settings().fetch_min_bytes == 65536
 
 
 def test_the_loop_takes_everything_that_came_meanwhile_a_batch_at_a_time_and_the_thread_waits_at_the_limit():

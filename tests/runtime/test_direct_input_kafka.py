@@ -19,13 +19,14 @@ Faust's consumer, the commits as the group's member): tests/system/test_pipeline
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from streams.runtime.direct_input import InputFetch
+from streams.runtime.direct_input import InputFetch, consumer_config
 from tests.kafka_util import producer
 
 pytestmark = pytest.mark.kafka
@@ -72,10 +73,11 @@ class Group:
 
 
 def _fetch(settings, topic: str, group: str, batch_max: int = 50, queue_kbytes: int = 1024,
-           commit_interval_s: float = 0.0) -> InputFetch:
-    return InputFetch("test", [topic], {"bootstrap.servers": settings.broker, "group.id": group,
-                                        "queued.max.messages.kbytes": queue_kbytes}, batch_max, 0.02,
-                      commit_interval_s=commit_interval_s)
+           commit_interval_s: float = 0.0, **more) -> InputFetch:
+    """An `InputFetch` with the worker's consumer configuration (`consumer_config`: its fetch
+    min bytes and max wait included) from `settings` with `more` changed."""
+    config = consumer_config(dataclasses.replace(settings, input_queue_kbytes=queue_kbytes, **more), group)
+    return InputFetch("test", [topic], config, batch_max, 0.02, commit_interval_s=commit_interval_s)
 
 
 async def _run_until(fetch: InputFetch, group: Group, want: int, apply=None, timeout: float = 60) -> list:
@@ -133,6 +135,17 @@ def test_records_come_once_in_order_in_bounded_batches_and_are_committed(stack, 
     assert g.committed(topic) == {p: written[p][-1] + 1 for p in range(PARTITIONS)}
     assert fetch.committed == {(topic, p): written[p][-1] + 1 for p in range(PARTITIONS)}
     assert fetch.config["queued.max.messages.kbytes"] == 1024  # MEMSTREAM_INPUT_QUEUE_KBYTES
+
+
+def test_a_lone_record_comes_although_the_fetch_asks_for_more_bytes_than_there_will_ever_be(stack, unique):
+    """MEMSTREAM_FETCH_MIN_BYTES far above what the topic holds: the broker answers each fetch
+    after MEMSTREAM_FETCH_MAX_WAIT_MS with what there is, so a single record is not held back."""
+    topic, group = f"it-input-lone-{unique}", f"it-input-lone-{unique}"
+    written = _topic(stack, topic, 1)
+    fetch = _fetch(stack, topic, group, fetch_min_bytes=10_000_000, fetch_max_wait_ms=50)
+    assert (fetch.config["fetch.min.bytes"], fetch.config["fetch.wait.max.ms"]) == (10_000_000, 50)
+    batches = asyncio.run(_run_until(fetch, Group(stack, group), 1, timeout=30))
+    assert [(p, o) for b in batches for p, o, _ in b] == [(p, o) for p, offs in written.items() for o in offs]
 
 
 def test_started_again_it_reads_only_what_follows_the_committed_offsets(stack, unique):
