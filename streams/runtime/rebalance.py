@@ -43,7 +43,7 @@ from streams.runtime.faust_internals import (
     set_read_offset,
     unacked_messages,
 )
-from streams.runtime.fetch_pace import FetchPace
+from streams.runtime.fetch_pace import QUIET, FetchPace
 from streams.runtime.inline import Resumed, first_step
 from streams.runtime.thread_names import name_os_thread
 
@@ -53,9 +53,20 @@ log = logging.getLogger(__name__)
 CALLBACK_CHECK_S = 0.5
 
 
+def sparse_fetches(settings: Any) -> bool:
+    """Whether Faust's consumer fetches only sparse records: the timers' ticks, relay-policy
+    changes and a recovery's changelogs, the stateful agents' inputs being fetched by librdkafka
+    (MEMSTREAM_INPUT_FETCH) and the standby replicas applied by librdkafka (MEMSTREAM_STANDBY_APPLY).
+    Its fetches then keep Faust's 1 byte / 1500 ms, which answers a tick at once: batching them
+    while records flow put every tick in a flowing spell of fetches held MEMSTREAM_FETCH_MAX_WAIT_MS
+    (each ~2 ms of the consumer thread's CPU), most of an idle worker's CPU (bench/RESULTS.md)."""
+    return settings.input_fetch == "librdkafka" and settings.standby_apply == "librdkafka"
+
+
 class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     """Faust's consumer thread whose worker consumer skips aborted transactions and batches its
-    fetches while records flow (MEMSTREAM_FETCH_*: streams/runtime/fetch_pace.py)."""
+    fetches while records flow (MEMSTREAM_FETCH_*: streams/runtime/fetch_pace.py) when it fetches
+    records at a rate (`sparse_fetches`)."""
 
     async def on_thread_started(self) -> None:
         name_os_thread("ms-consumer")
@@ -65,9 +76,13 @@ class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer = super()._create_worker_consumer(transport)
         read_committed(consumer)  # read by aiokafka when it starts its fetcher
         settings = self.app.memstream_runtime.settings  # type: ignore[attr-defined]
-        self._pace = FetchPace((settings.fetch_min_bytes, settings.fetch_max_wait_ms), settings.fetch_quiet_ms / 1000,
-                               backlog=(settings.fetch_min_bytes, max(settings.fetch_max_wait_ms, settings.fetch_backlog_wait_ms)),
-                               backlog_records=settings.fetch_backlog_records)
+        if sparse_fetches(settings):
+            self._pace = FetchPace(QUIET, settings.fetch_quiet_ms / 1000)  # Faust's 1 byte / 1500 ms throughout
+        else:
+            self._pace = FetchPace((settings.fetch_min_bytes, settings.fetch_max_wait_ms), settings.fetch_quiet_ms / 1000,
+                                   backlog=(settings.fetch_min_bytes,
+                                            max(settings.fetch_max_wait_ms, settings.fetch_backlog_wait_ms)),
+                                   backlog_records=settings.fetch_backlog_records)
         fetch_batching(consumer, *self._pace.current)
         return consumer
 

@@ -197,7 +197,9 @@ def test_a_memory_tables_changelog_records_are_decoded():
         assert event.value == {"a": [1, 2]}, name
 
 
-def test_the_worker_consumer_batches_its_fetches_while_records_flow_and_reads_committed(monkeypatch):
+def _fetch_settings_seen(monkeypatch, **settings) -> list[tuple]:
+    """The worker consumer's fetch (min bytes, max wait) at its start and after each of a series
+    of fetches (records of an input, none, none after a pause, a backlog, a recovery's changelog)."""
     import asyncio
     from types import SimpleNamespace
 
@@ -213,7 +215,7 @@ def test_the_worker_consumer_batches_its_fetches_while_records_flow_and_reads_co
 
     async def settings_seen():
         rt = Runtime(Settings(registry_url="", partitions=5, fetch_min_bytes=777, fetch_max_wait_ms=33,
-                              fetch_quiet_ms=50, fetch_backlog_records=3, fetch_backlog_wait_ms=444))
+                              fetch_quiet_ms=50, fetch_backlog_records=3, fetch_backlog_wait_ms=444, **settings))
         register_all(rt)
         thread = rt.app.consumer._thread
         consumer = thread._create_worker_consumer(rt.app.transport)
@@ -234,7 +236,14 @@ def test_the_worker_consumer_batches_its_fetches_while_records_flow_and_reads_co
             consumer._fetcher = None  # (never started)
             await consumer.stop()
 
-    assert asyncio.run(settings_seen()) == [
+    return asyncio.run(settings_seen())
+
+
+@pytest.mark.parametrize("fetched_by_faust", [{"input_fetch": "faust"}, {"standby_apply": "faust"}])
+def test_the_worker_consumer_batches_its_fetches_while_records_flow_and_reads_committed(monkeypatch, fetched_by_faust):
+    """Faust's consumer fetches inputs or standby changelogs at a rate: its fetches gather while
+    records flow (MEMSTREAM_FETCH_*)."""
+    assert _fetch_settings_seen(monkeypatch, **fetched_by_faust) == [
         (1, 1500, "read_committed"),  # quiet until records come: the first is answered at once
         (777, 33),  # records: fetches gather
         (777, 33),  # an empty fetch right after: still flowing
@@ -245,3 +254,15 @@ def test_the_worker_consumer_batches_its_fetches_while_records_flow_and_reads_co
         (777, 33),  # fewer: flowing
         (777, 33),  # a recovery's changelog rows, however many, are no backlog (its waits stay short)
     ]
+
+
+def test_a_worker_consumer_that_fetches_only_sparse_records_keeps_fausts_fetch_settings(monkeypatch):
+    """The defaults (inputs fetched and standbys applied by librdkafka): Faust's consumer fetches
+    ticks, relay-policy changes and a recovery's changelogs only, always with 1 byte / 1500 ms."""
+    from streams.runtime.rebalance import sparse_fetches
+
+    assert sparse_fetches(Settings())
+    assert not sparse_fetches(Settings(input_fetch="faust")) and not sparse_fetches(Settings(standby_apply="faust"))
+    seen = _fetch_settings_seen(monkeypatch)
+    assert seen[0] == (1, 1500, "read_committed")
+    assert set(seen[1:]) == {(None, None)}, seen  # the fetcher's settings never changed from the start's
