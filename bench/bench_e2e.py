@@ -1256,6 +1256,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--latency-linger-ms", type=float, default=5,
                     help="the latency run's producer waits up to this long to fill a request (librdkafka's default "
                          "5; 0 sends a request per record, which costs the broker on this machine ~0.15 core at 925/s)")
+    ap.add_argument("--keep-topics", action="store_true",
+                    help="leave the run's topics (changelogs, scratch topic) and consumer groups on the broker, to look at")
     ap.add_argument("--profile-latency", action="store_true",
                     help="the first latency run's worker under py-spy (bench/out/<run id>/py-spy-<app id>.txt)")
     return ap.parse_args(argv)
@@ -1326,7 +1328,8 @@ def main(argv: list[str] | None = None) -> int:
             run_all(settings, args, run)
         finally:
             shutil.rmtree(run / "data", ignore_errors=True)
-            delete_run_topics(settings, run_id)
+            if not args.keep_topics:
+                delete_run_topics(settings, run_id)
     except (BenchError, devstack.StackError, topics.TopicError, RuntimeError, KafkaException, OSError) as exc:
         sys.exit(f"bench_e2e: {exc}")
     return 0

@@ -685,13 +685,17 @@ class Runtime:
             self.settings.batch_max, self.settings.batch_wait_ms / 1000, count=self.count, on_failed=self._input_failed,
             commit_interval_s=float(self.app.conf.broker_commit_interval))  # as often as Faust commits
 
+        strays = Throttled(log, logging.ERROR, 10.0)
+
         @self.app.agent(channel, name=name)
         async def subscribed(stream):
-            """Faust subscribes (and assigns) the topics; it never fetches them (`input_claims`)."""
-            async for events in stream.take_events(self.settings.batch_max, self.settings.batch_wait_ms / 1000):
-                log.error("%s: %d record(s) reached Faust's stream although librdkafka fetches its input; "
-                          "not applied, not committed (the fetch applies them)", name, len(events))
-                faust_internals.mark_acked_without_commit(events)
+            """Faust subscribes (and assigns) the topics; it never fetches them (`input_claims`).
+            Record by record: `take_events` would wake every MEMSTREAM_BATCH_WAIT_MS for nothing."""
+            async for event in stream.events():
+                strays.log("%s: a record (%s[%d]@%d) reached Faust's stream although librdkafka fetches its "
+                           "input; not applied, not committed (the fetch applies it)", name,
+                           event.message.topic, event.message.partition, event.message.offset)
+                faust_internals.mark_acked_without_commit([event])
 
         async def apply(events: list) -> bool:
             if self.draining:

@@ -266,3 +266,31 @@ def test_a_worker_consumer_that_fetches_only_sparse_records_keeps_fausts_fetch_s
     seen = _fetch_settings_seen(monkeypatch)
     assert seen[0] == (1, 1500, "read_committed")
     assert set(seen[1:]) == {(None, None)}, seen  # the fetcher's settings never changed from the start's
+
+
+def test_a_record_that_reaches_faust_for_a_fetched_agent_is_logged_and_never_applied(caplog):
+    """With the inputs fetched by librdkafka, Faust's agent of a stateful input only subscribes: a
+    record that reached it anyway (it never should: the partitions stay paused) is not applied,
+    not counted towards a commit, and said once per interval, not per record."""
+    import asyncio
+    import logging
+
+    rt = Runtime(Settings(registry_url="", partitions=4))
+    register_all(rt)
+    agent = rt.app.agents["graph-state-agent"]
+
+    async def scenario() -> list:
+        async with agent.test_context() as ctx:
+            events = []
+            for _ in range(3):
+                event = await ctx.put(key=b"g", value=b"not applied", partition=0)
+                events.append(event)
+            return events
+
+    with caplog.at_level(logging.DEBUG, logger="memstream"):
+        events = asyncio.run(scenario())
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR and "reached Faust's stream" in r.getMessage()]
+    assert len(errors) == 1, [r.getMessage() for r in caplog.records]
+    assert "not applied, not committed" in errors[0].getMessage()
+    assert len(events) == 3 and not rt._applied  # none applied
+    assert all(e.message.acked for e in events)  # and acknowledged without telling the consumer
