@@ -89,6 +89,17 @@ def test_input_fetch_settings_are_checked():
     assert Settings(fetch_min_bytes=FETCH_MIN_BYTES_MAX).fetch_min_bytes == FETCH_MIN_BYTES_MAX
 
 
+@pytest.mark.parametrize("name", ["batch_max", "batch_wait_ms"])
+@pytest.mark.parametrize("value", [0, -1])
+def test_a_batch_bound_below_one_is_refused(name, value):
+    """MEMSTREAM_BATCH_MAX 0: no batch would ever hold a record (the fetch's loop would spin on
+    empty takes, its thread block on a buffer of 0); MEMSTREAM_BATCH_WAIT_MS 0: Faust's
+    `take_events` would have no timeout and wait for a full batch, however long."""
+    with pytest.raises(SettingsError, match=f"MEMSTREAM_{name.upper()}={value} must be at least 1"):
+        Settings(**{name: value})
+    assert getattr(Settings(**{name: 1}), name) == 1
+
+
 def test_the_input_consumer_reads_the_group_offsets_and_asks_for_batches_of_bytes():
     from streams.runtime.direct_input import consumer_config
 
