@@ -680,6 +680,10 @@ class Runtime:
                        cache: checkpoint.DerivedCache | None, lock: asyncio.Lock) -> None:
         """`stateful_agent` with its inputs fetched by librdkafka (streams/runtime/direct_input.py):
         the same batch protocol, then the batch's offsets committed through Faust's consumer."""
+        for other, declared in self.input_fetches.items():  # each record is one agent's: fetched, applied and
+            if shared := declared.topics & set(channel.topics):  # committed once (a group commits once per partition)
+                raise ValueError(f"agents {other!r} and {name!r} both read {', '.join(sorted(shared))}: a topic is "
+                                 "one stateful agent's input when librdkafka fetches them (MEMSTREAM_INPUT_FETCH)")
         fetch = self.input_fetches[name] = InputFetch(
             name, channel.topics, consumer_config(self.settings, self.app.conf.id),  # reads its offsets, never commits
             self.settings.batch_max, self.settings.batch_wait_ms / 1000, count=self.count, on_failed=self._input_failed,

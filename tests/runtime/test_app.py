@@ -294,3 +294,18 @@ def test_a_record_that_reaches_faust_for_a_fetched_agent_is_logged_and_never_app
     assert "not applied, not committed" in errors[0].getMessage()
     assert len(events) == 3 and not rt._applied  # none applied
     assert all(e.message.acked for e in events)  # and acknowledged without telling the consumer
+
+
+def test_two_fetched_agents_never_read_the_same_topic():
+    """Each input record is fetched, applied and committed by one agent: a second stateful agent
+    declaring a topic another already reads is refused when it is declared, naming both."""
+    rt = Runtime(Settings(registry_url="", partitions=4))
+    register_all(rt)
+    sessions = rt.inputs[catalog.SESSION_EVENTS]
+
+    async def handler(cp, event, key, record) -> None:
+        return None
+
+    with pytest.raises(ValueError, match="'session-ledger-agent' and 'another-agent' both read session"):
+        rt.stateful_agent(sessions, "another-agent", handler)
+    assert "another-agent" not in rt.input_fetches
