@@ -226,9 +226,8 @@ class InputFetch:
         if thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, thread.join)
             self._fetching = None
-        await idle.wait()  # the batch being applied; then a commit `run` may start right after it,
-        while not idle.is_set():  # which clears `idle` again once this waiter was woken
-            await idle.wait()
+        while not idle.is_set():  # the batch being applied; then a commit `run` may start right after
+            await idle.wait()  # it, which clears `idle` again once this waiter was woken: look again
         await self._flush()
         self.partitions = []
 
