@@ -77,9 +77,11 @@ _LEDGER_COUNTERS: dict[str | None, str] = {  # looked up with what an event carr
 _ACTION_COUNTERS: dict[str | None, str] = {"merge": "merged", "supersede": "superseded"}
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Increment:
-    """Counters to add to ``subject``'s windows at ``event_time_ms``; ``id`` de-duplicates."""
+    """Counters to add to ``subject``'s windows at ``event_time_ms``; ``id`` de-duplicates.
+    Never changed once made (not ``frozen``: one is made per classified output, and a frozen
+    dataclass's ``__init__`` costs three times a plain one's)."""
 
     subject: str
     event_time_ms: int

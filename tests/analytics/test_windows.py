@@ -500,3 +500,71 @@ def test_aggregates_do_not_depend_on_arrival_order(items, order, costs):
     first = publish(arrivals)
     order.shuffle(arrivals)
     assert publish(arrivals) == first
+
+
+# ------------------------------------------------------------------ add against its definition --
+
+def reference_add(state: dict, event_time_ms: int, counters: dict, *, id=None, clock_ms=None, now_ms=None,
+                  policy: WindowPolicy = WindowPolicy()) -> tuple:
+    """`add` as the module's docstring defines it, written for reading, not for speed: the
+    window of each size from `window_bounds`, too late by `is_expired` on the clock so far."""
+    from streams.analytics.windows import SIZES, _digest, normalize_counters
+    incs = normalize_counters(counters)
+    if not incs:
+        return [], [], False
+    digest = _digest(id) if id is not None else None
+    if digest is not None and any(e[0] == digest for e in state["recent_ids"]):
+        state["duplicates"] += 1
+        return [], [], True
+    if now_ms is not None and event_time_ms > now_ms + policy.max_future_ms:
+        state["too_early"] += 1
+        return [], [(TOO_EARLY, None, None)], False
+    clock = max(c for c in (state["clock"], clock_ms, event_time_ms) if c is not None)
+    state["clock"] = clock
+    counted, refused = [], []
+    for size in SIZES:
+        start, end = window_bounds(event_time_ms, size)
+        if is_expired(size, start, clock, policy):
+            state["too_late"][size] += 1
+            refused.append((TOO_LATE, size, start))
+            continue
+        w = state["windows"].setdefault(f"{size}/{start}", {
+            "window": size, "start": start, "end": end, "counters": {}, "updated_at": event_time_ms,
+            "rev": 0, "published": 0})
+        for name, value in incs.items():
+            w["counters"][name] = w["counters"].get(name, 0) + value
+        w["updated_at"] = max(w["updated_at"], event_time_ms)
+        w["rev"] += 1
+        counted.append((size, start))
+    if digest is not None:
+        ids = list(state["recent_ids"]) + [[digest, event_time_ms]]
+        state["recent_ids"] = ids[max(0, len(ids) - policy.recent_ids):]
+    return counted, refused, False
+
+
+adds = st.lists(st.fixed_dictionaries({
+    "t": st.integers(-240, 720).map(lambda k: k * 30_000),  # a grid: window ends and clocks meet
+    "counters": st.dictionaries(st.sampled_from(["formed", "accessed", "graph_cost_nanousd", "graph_cost_usd"]),
+                                st.integers(-3, 3), max_size=3),
+    "id": st.one_of(st.none(), st.sampled_from([f"e{i}" for i in range(12)])),
+    "clock_ms": st.one_of(st.none(), st.integers(0, 960).map(lambda k: T0 + k * 30_000)),
+    "now_ms": st.one_of(st.none(), st.integers(-120, 720).map(lambda k: T0 + k * 30_000)),
+}), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(adds=adds, policy=st.builds(WindowPolicy, minute_lateness_ms=st.sampled_from([0, MINUTE_MS, 2 * HOUR_MS]),
+                                   hour_lateness_ms=st.sampled_from([0, HOUR_MS, 2 * DAY_MS]),
+                                   recent_ids=st.integers(0, 5), max_future_ms=st.sampled_from([0, HOUR_MS])))
+def test_add_does_what_its_definition_says(adds, policy):
+    """The inlined `add` (bounds, expiry and clock written out for speed) changes a state and
+    reports exactly as the definition written with `window_bounds`, `is_expired` and a scan of
+    the persisted ids, for any sequence of inputs, ids, clocks, guards and policies."""
+    fast, slow = new_state("u"), new_state("u")
+    for a in adds:
+        counters = {k: (v / 1e9 if k == "graph_cost_usd" else v) for k, v in a["counters"].items()}
+        kw = {"id": a["id"], "clock_ms": a["clock_ms"], "now_ms": a["now_ms"], "policy": policy}
+        got = add(fast, T0 + a["t"], counters, **kw)
+        want = reference_add(slow, T0 + a["t"], counters, **kw)
+        assert (got.counted, [(r.reason, r.window, r.window_start) for r in got.refused], got.duplicate) == want
+        assert roundtrip(fast) == roundtrip(slow)
