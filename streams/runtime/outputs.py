@@ -32,7 +32,9 @@ dead-letters the input and the attempt runs again without it, as with Faust's pr
 
 Delivery reports are served by one poller thread; it hands a batch's completion to the event loop
 once (`call_soon_threadsafe` when the batch's last record is acknowledged, or at its first error),
-not once per record. `flush()` (a stopping worker, after its last batch) waits for every record.
+not once per record. While a batch waits for records still in flight, the thread flushes instead
+of polling, so librdkafka sends them at once rather than after `MEMSTREAM_PRODUCER_LINGER_MS`
+(a batch waits twice: for its outputs, then for its changelog rows). `flush()` (a stopping worker, after its last batch) waits for every record.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from streams.runtime.thread_names import name_os_thread
 log = logging.getLogger("memstream.outputs")
 
 POLL_S = 0.1  #: the poller thread's longest wait for a delivery report (also how soon it sees a stop)
+IDLE_POLL_S = 0.05  #: how often reports are served while no batch waits for its records
 FULL_QUEUE_WAIT_S = 30.0  #: longest a table write waits for room in librdkafka's queue
 
 
@@ -63,15 +66,19 @@ class Deliveries:
     """The acknowledgements of the records one batch produced: awaitable (once every record is
     acknowledged; raises `OutputsFailed` at the first that is not)."""
 
-    __slots__ = ("_loop", "_lock", "_pending", "_error", "_waiter", "offsets", "on_done", "__weakref__")
+    __slots__ = ("_loop", "_lock", "_pending", "_error", "_waiter", "offsets", "on_done", "_urge", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop,
-                 on_done: Callable[[dict[tuple[str, int], int]], None] | None = None) -> None:
+                 on_done: Callable[[dict[tuple[str, int], int]], None] | None = None,
+                 urge: Callable[[int], None] | None = None) -> None:
         self._loop = loop
         self._lock = threading.Lock()
         self._pending = 0
         self._error: BaseException | None = None
         self._waiter: asyncio.Future | None = None
+        #: told +1 when the batch starts waiting for records still in flight, -1 when it stops
+        #: (its producer then sends without lingering: `OutputProducer.urge`)
+        self._urge = urge
         #: with `on_done`: (topic, partition) -> the highest offset acknowledged, given to
         #: `on_done` (in the event loop) once every record is acknowledged
         self.on_done = on_done
@@ -98,6 +105,7 @@ class Deliveries:
             wake = self._waiter is not None and (self._pending == 0 or self._error is not None)
             waiter, self._waiter = (self._waiter, None) if wake else (None, self._waiter)
         if waiter is not None:
+            self._stop_urging()
             self._loop.call_soon_threadsafe(_resolve, waiter)
 
     def fail(self, error: BaseException) -> None:
@@ -107,7 +115,13 @@ class Deliveries:
                 self._error = error
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
+            self._stop_urging()
             self._loop.call_soon_threadsafe(_resolve, waiter)
+
+    def _stop_urging(self) -> None:
+        """The waiter was taken (resolved, or its wait ended): no longer waiting."""
+        if self._urge is not None:
+            self._urge(-1)
 
     def __await__(self):
         return self._wait().__await__()
@@ -116,10 +130,20 @@ class Deliveries:
         with self._lock:
             if self._pending > 0 and self._error is None:
                 waiter = self._waiter = self._loop.create_future()
+                if self._urge is not None:  # under the lock: before any report can take the waiter
+                    self._urge(1)
             else:
                 waiter = None
         if waiter is not None:
-            await waiter
+            try:
+                await waiter
+            finally:
+                with self._lock:  # cancelled: the waiter was not taken by a report
+                    taken = self._waiter is not waiter
+                    if not taken:
+                        self._waiter = None
+                if not taken:
+                    self._stop_urging()
         if self._error is not None:
             raise self._error
         if self.on_done is not None:
@@ -144,6 +168,8 @@ class OutputProducer:
         #: batches whose records may be in flight (a fatal error fails them at once)
         self._open: weakref.WeakSet[Deliveries] = weakref.WeakSet()
         self._lock = threading.Lock()
+        self._urged = 0  #: batches waiting for records in flight
+        self._urgent = threading.Event()  #: set while `_urged` > 0
 
     @classmethod
     def for_worker(cls, broker: str, client_id: str, linger_ms: int, max_request_size: int,
@@ -183,12 +209,29 @@ class OutputProducer:
             return False
 
     def _poll(self) -> None:
+        """Serve the delivery reports; while a batch waits for records in flight, `flush`: librdkafka
+        then sends what it holds at once instead of lingering (`linger.ms` only ever fills requests
+        while the agents are still producing; a batch that waits gains nothing from it)."""
         name_os_thread("ms-outputs")
-        while not self._stopping.is_set():
+        producer, urgent, stopping = self._producer, self._urgent, self._stopping
+        assert producer is not None
+        while not stopping.is_set():
             try:
-                self._producer.poll(POLL_S)  # type: ignore[union-attr]
+                if urgent.wait(IDLE_POLL_S):
+                    producer.flush(POLL_S)  # reports served as they come; returns once nothing is in flight
+                else:
+                    producer.poll(0)
             except KafkaException as exc:  # a fatal error raised from poll(): same as the error callback
                 self._on_error(exc.args[0] if exc.args else exc)
+
+    def urge(self, n: int) -> None:
+        """A batch starts (+1) or stops (-1) waiting for records in flight (any thread)."""
+        with self._lock:
+            self._urged += n
+            if self._urged > 0:
+                self._urgent.set()
+            else:
+                self._urgent.clear()
 
     def _on_error(self, err: Any) -> None:
         fatal = isinstance(err, KafkaError) and err.fatal()
@@ -205,7 +248,7 @@ class OutputProducer:
 
     def deliveries(self, on_done: Callable[[dict[tuple[str, int], int]], None] | None = None) -> Deliveries:
         """A new batch's acknowledgements (awaited by `streams.runtime.checkpoint` before its table writes)."""
-        d = Deliveries(asyncio.get_running_loop(), on_done)
+        d = Deliveries(asyncio.get_running_loop(), on_done, self.urge)
         with self._lock:
             if self._fatal is not None:
                 raise self._fatal

@@ -144,3 +144,81 @@ def test_the_output_timeout_is_the_producers_and_must_outlast_its_linger():
     for bad in ("0", "-1", "0.005", "3000000"):  # 5 ms: not more than the 5 ms linger; over librdkafka's limit
         with pytest.raises(SettingsError, match=f"MEMSTREAM_OUTPUT_TIMEOUT_S={float(bad)} must be more than"):
             Settings.from_env({"MEMSTREAM_OUTPUT_TIMEOUT_S": bad})
+
+
+class _Urges:
+    """What a batch tells its producer: +1 when it starts waiting for records in flight, -1 when it stops."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def __call__(self, n: int) -> None:
+        self.calls.append(n)
+
+
+def test_a_waiting_batch_urges_its_producer_until_its_last_report():
+    async def run(urges: _Urges) -> None:
+        d = Deliveries(asyncio.get_running_loop(), urge=urges)
+        d.produced()
+        d.produced()
+        waiter = asyncio.ensure_future(d)
+        await asyncio.sleep(0)
+        assert urges.calls == [1]
+        _in_thread(d.delivered, None, None)
+        assert urges.calls == [1]  # one record still in flight
+        _in_thread(d.delivered, None, None)
+        await waiter
+        await Deliveries(asyncio.get_running_loop(), urge=urges)  # nothing in flight: no urge at all
+
+    urges = _Urges()
+    asyncio.run(run(urges))
+    assert urges.calls == [1, -1]
+
+
+def test_a_batch_that_stops_waiting_stops_urging_once():
+    """Cancelled (a stopping worker), failed by a refused record, or failed by a fatal producer
+    error: the urge ends exactly once in each case."""
+    async def cancelled(urges: _Urges) -> None:
+        d = Deliveries(asyncio.get_running_loop(), urge=urges)
+        d.produced()
+        waiter = asyncio.ensure_future(d)
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        _in_thread(d.delivered, None, None)  # the report comes later: nothing left to end
+
+    async def refused(urges: _Urges) -> None:
+        d = Deliveries(asyncio.get_running_loop(), urge=urges)
+        d.produced()
+        d.produced()
+        waiter = asyncio.ensure_future(d)
+        await asyncio.sleep(0)
+        _in_thread(d.delivered, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None)
+        with pytest.raises(OutputsFailed):
+            await waiter
+        _in_thread(d.delivered, None, None)
+
+    async def fatal(urges: _Urges) -> None:
+        d = Deliveries(asyncio.get_running_loop(), urge=urges)
+        d.produced()
+        waiter = asyncio.ensure_future(d)
+        await asyncio.sleep(0)
+        _in_thread(d.fail, OutputsFailed("fenced"))
+        with pytest.raises(OutputsFailed):
+            await waiter
+
+    for case in (cancelled, refused, fatal):
+        urges = _Urges()
+        asyncio.run(case(urges))
+        assert urges.calls == [1, -1], case.__name__
+
+
+def test_the_producer_is_urgent_while_any_batch_waits():
+    out = OutputProducer({"bootstrap.servers": "127.0.0.1:1"})
+    out.urge(1)
+    out.urge(1)
+    out.urge(-1)
+    assert out._urgent.is_set()
+    out.urge(-1)
+    assert not out._urgent.is_set()

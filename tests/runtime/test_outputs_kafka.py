@@ -180,3 +180,30 @@ def test_connect_reads_the_metadata_before_the_first_batch_and_never_raises(stac
         assert nowhere.connect(timeout=1.0) is False
     finally:
         nowhere.close()
+
+
+def test_a_waiting_batch_does_not_wait_for_the_linger(stack, unique):
+    """While the agents produce, records linger (`MEMSTREAM_PRODUCER_LINGER_MS`, here a minute) to fill
+    requests; once a batch waits for them, they are sent at once (the poller flushes). Without it this
+    batch would wait the whole minute, twice per batch in a worker (outputs, then changelog rows)."""
+    topic = f"it-outputs-linger-{unique}"
+    admin = AdminClient({"bootstrap.servers": stack.broker})
+    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(30)
+    out = OutputProducer.for_worker(stack.broker, "test-outputs-linger", 60_000, 1_000_000, timeout_s=300.0)
+    assert out.connect(timeout=30.0)
+
+    async def run() -> int:
+        d = out.deliveries()
+        await out.produce(d, topic, b"k", b"lingering")
+        await asyncio.sleep(1.0)
+        held = len(out._producer)  # nobody waits yet: still held by the linger
+        await asyncio.wait_for(d, 30.0)  # a minute's linger would time this out
+        return held
+
+    try:
+        assert asyncio.run(run()) == 1
+        assert len(out._producer) == 0
+    finally:
+        out.close()
+    assert [m.value() for m in read_range(stack, topic, {}, kafkatools.end_offsets(stack, [topic]))] == [b"lingering"]
+    admin.delete_topics([topic])
