@@ -155,14 +155,19 @@ class _Urges:
     def __call__(self, n: int) -> None:
         self.calls.append(n)
 
+    async def waiting(self, records: int) -> tuple[Deliveries, asyncio.Future]:
+        """A batch with `records` in flight, waiting for them."""
+        d = Deliveries(asyncio.get_running_loop(), urge=self)
+        for _ in range(records):
+            d.produced()
+        waiter = asyncio.ensure_future(d)
+        await asyncio.sleep(0)
+        return d, waiter
+
 
 def test_a_waiting_batch_urges_its_producer_until_its_last_report():
     async def run(urges: _Urges) -> None:
-        d = Deliveries(asyncio.get_running_loop(), urge=urges)
-        d.produced()
-        d.produced()
-        waiter = asyncio.ensure_future(d)
-        await asyncio.sleep(0)
+        d, waiter = await urges.waiting(2)
         assert urges.calls == [1]
         _in_thread(d.delivered, None, None)
         assert urges.calls == [1]  # one record still in flight
@@ -179,31 +184,21 @@ def test_a_batch_that_stops_waiting_stops_urging_once():
     """Cancelled (a stopping worker), failed by a refused record, or failed by a fatal producer
     error: the urge ends exactly once in each case."""
     async def cancelled(urges: _Urges) -> None:
-        d = Deliveries(asyncio.get_running_loop(), urge=urges)
-        d.produced()
-        waiter = asyncio.ensure_future(d)
-        await asyncio.sleep(0)
+        d, waiter = await urges.waiting(1)
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
         _in_thread(d.delivered, None, None)  # the report comes later: nothing left to end
 
     async def refused(urges: _Urges) -> None:
-        d = Deliveries(asyncio.get_running_loop(), urge=urges)
-        d.produced()
-        d.produced()
-        waiter = asyncio.ensure_future(d)
-        await asyncio.sleep(0)
+        d, waiter = await urges.waiting(2)
         _in_thread(d.delivered, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None)
         with pytest.raises(OutputsFailed):
             await waiter
         _in_thread(d.delivered, None, None)
 
     async def fatal(urges: _Urges) -> None:
-        d = Deliveries(asyncio.get_running_loop(), urge=urges)
-        d.produced()
-        waiter = asyncio.ensure_future(d)
-        await asyncio.sleep(0)
+        d, waiter = await urges.waiting(1)
         _in_thread(d.fail, OutputsFailed("fenced"))
         with pytest.raises(OutputsFailed):
             await waiter
