@@ -34,7 +34,8 @@ Delivery reports are served by one poller thread; it hands a batch's completion 
 once (`call_soon_threadsafe` when the batch's last record is acknowledged, or at its first error),
 not once per record. While a batch waits for records still in flight, the thread flushes instead
 of polling, so librdkafka sends them at once rather than after `MEMSTREAM_PRODUCER_LINGER_MS`
-(a batch waits twice: for its outputs, then for its changelog rows). `flush()` (a stopping worker, after its last batch) waits for every record.
+(a batch waits twice: for its outputs, then for its changelog rows). `flush()` (a stopping
+worker, after its last batch) waits for every record.
 """
 
 from __future__ import annotations
@@ -221,7 +222,7 @@ class OutputProducer:
                     producer.flush(POLL_S)  # reports served as they come; returns once nothing is in flight
                 else:
                     producer.poll(0)
-            except KafkaException as exc:  # a fatal error raised from poll(): same as the error callback
+            except KafkaException as exc:  # a fatal error raised from poll() or flush(): as the error callback
                 self._on_error(exc.args[0] if exc.args else exc)
 
     def urge(self, n: int) -> None:
