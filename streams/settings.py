@@ -27,6 +27,8 @@ STANDBY_APPLIERS = ("librdkafka", "faust")  #: values of MEMSTREAM_STANDBY_APPLY
 INPUT_FETCHERS = ("faust", "librdkafka")  #: values of MEMSTREAM_INPUT_FETCH
 INPUT_QUEUE_KBYTES_MAX = 2_097_151  #: librdkafka's largest `queued.max.messages.kbytes`
 FETCH_MIN_BYTES_MAX = 100_000_000  #: librdkafka's largest `fetch.min.bytes`
+#: longest batch wait: the fetch thread waits it out in one call, so a stop or a rebalance waits as long
+BATCH_WAIT_MAX_MS = 10_000
 
 
 class SettingsError(ValueError):
@@ -90,7 +92,7 @@ class Settings:
     fetch_quiet_ms: int = field(default=500, metadata={"doc": "After this long without a fetched record a worker's fetch requests go back to Faust's 1 byte / 1500 ms (an idle worker then fetches every 1.5 s instead of every MEMSTREAM_FETCH_MAX_WAIT_MS). Each fetch of a flowing worker costs its consumer thread ~2 ms of CPU (aiokafka handles every assigned partition in Python): after a burst, 2000 ms of flowing fetches cost the same-job bench ~25 µs per record (bench/RESULTS.md). Faust's consumer batches its fetches only while it fetches records at a rate (MEMSTREAM_INPUT_FETCH=faust or MEMSTREAM_STANDBY_APPLY=faust); with both librdkafka (the defaults) it fetches only ticks, relay-policy changes and a recovery's changelogs, always with 1 byte / 1500 ms (streams/runtime/rebalance.py `sparse_fetches`): each tick otherwise began a flowing spell, and an idle worker spent 10.8% of a core instead of 5.5%."})
     input_fetch: str = field(default="librdkafka", metadata={"doc": "Who fetches the stateful agents' input records: `librdkafka` (one confluent-kafka consumer per stateful agent, in its own thread, hands the agent whole batches; Faust still assigns the partitions and restores the tables, and each batch's offsets are committed through Faust's consumer, the group's member: streams/runtime/direct_input.py, docs/state-and-failures.md §9) or `faust` (Faust's consumer and its per-record hand-off to the agent's stream, the earlier path: about a sixth more CPU per record on the same-job bench)."})
     input_queue_kbytes: int = field(default=16384, metadata={"doc": "With MEMSTREAM_INPUT_FETCH=librdkafka: most KiB of input records each stateful agent's consumer prefetches (librdkafka's `queued.max.messages.kbytes`)."})
-    batch_wait_ms: int = field(default=5, metadata={"doc": "Longest a stateful agent waits, after a batch's first record, for more to fill it; at least 1. The input fetch already gathers records for up to MEMSTREAM_FETCH_MAX_WAIT_MS, so a longer wait mostly adds latency at low rates (20 ms: p50 ~100 ms at half the sustained rate, 5 ms: ~70); 1 ms is lower still but made two workers sharing two cores pay 1.2–1.5× one worker's CPU per record (bench/RESULTS.md)."})
+    batch_wait_ms: int = field(default=5, metadata={"doc": "Longest a stateful agent waits, after a batch's first record, for more to fill it; 1 to 10000 (a stop or a rebalance waits for the wait under way). The input fetch already gathers records for up to MEMSTREAM_FETCH_MAX_WAIT_MS, so a longer wait mostly adds latency at low rates (20 ms: p50 ~100 ms at half the sustained rate, 5 ms: ~70); 1 ms is lower still but made two workers sharing two cores pay 1.2–1.5× one worker's CPU per record (bench/RESULTS.md)."})
     # --- pipeline rules ------------------------------------------------------------------
     text_merge_threshold: float = field(default=0.85, metadata={"doc": "Text similarity (n-gram Jaccard) at or above which a candidate merges into a node."})
     text_supersede_threshold: float = field(default=0.50, metadata={"doc": "Lower edge of the text contradiction band (supersede) for semantic memories."})
@@ -206,6 +208,9 @@ class Settings:
         for name in ("fetch_max_wait_ms", "fetch_backlog_wait_ms"):  # the broker holds the request this long:
             if getattr(self, name) > FETCH_WAIT_MAX_MS:  # meanwhile no other partition of it is fetched
                 raise SettingsError(f"MEMSTREAM_{name.upper()}={getattr(self, name)} must be at most {FETCH_WAIT_MAX_MS}")
+        if self.batch_wait_ms > BATCH_WAIT_MAX_MS:
+            raise SettingsError(f"MEMSTREAM_BATCH_WAIT_MS={self.batch_wait_ms} must be at most {BATCH_WAIT_MAX_MS} (a "
+                                "stop or a rebalance waits for the batch wait under way)")
         if not max(1, self.producer_linger_ms + 1) <= self.output_timeout_s * 1000 <= 2**31 - 1:  # librdkafka's bounds
             raise SettingsError(f"MEMSTREAM_OUTPUT_TIMEOUT_S={self.output_timeout_s} must be more than "
                                 f"MEMSTREAM_PRODUCER_LINGER_MS ({self.producer_linger_ms} ms) and at most 2147483")

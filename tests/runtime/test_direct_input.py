@@ -100,6 +100,17 @@ def test_a_batch_bound_below_one_is_refused(name, value):
     assert getattr(Settings(**{name: 1}), name) == 1
 
 
+def test_a_batch_wait_over_ten_seconds_is_refused():
+    """The fetch thread waits a batch's wait out in one librdkafka call: an hour's wait would hold a
+    stopping worker, and a rebalance, for an hour."""
+    from streams.settings import BATCH_WAIT_MAX_MS
+
+    for bad in (BATCH_WAIT_MAX_MS + 1, 3_600_000):
+        with pytest.raises(SettingsError, match=f"MEMSTREAM_BATCH_WAIT_MS={bad} must be at most {BATCH_WAIT_MAX_MS}"):
+            Settings.from_env({"MEMSTREAM_BATCH_WAIT_MS": str(bad)})
+    assert Settings(batch_wait_ms=BATCH_WAIT_MAX_MS).batch_wait_ms == BATCH_WAIT_MAX_MS
+
+
 def test_the_input_consumer_reads_the_group_offsets_and_asks_for_batches_of_bytes():
     from streams.runtime.direct_input import consumer_config
 
