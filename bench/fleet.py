@@ -138,8 +138,19 @@ class Fleet:
         """One per worker name (a restarted worker finds its RocksDB tables again)."""
         return str(self.data_root / f"{self.app_id}-{name}")
 
+    def _new_port(self) -> int:
+        """A free port that no other worker of this fleet was given: workers started without waiting
+        have not bound theirs yet, so the free-port probe alone could hand two of them the same one
+        (a worker then exits on its bind)."""
+        given = set(self.ports.values())
+        for _ in range(100):
+            if (port := self.free_port()) not in given:
+                return port
+        raise RuntimeError(f"no free port for a worker of {self.app_id} outside {sorted(given)}")
+
     def start(self, name: str, wait: bool = True) -> None:
-        self.ports.setdefault(name, self.free_port())
+        if name not in self.ports:
+            self.ports[name] = self._new_port()
         self.starts[name] = self.starts.get(name, 0) + 1
         env = {**self.base_env, "MEMSTREAM_APP_ID": self.app_id, "MEMSTREAM_WEB_PORT": str(self.ports[name]),
                "MEMSTREAM_DATA_DIR": self.data_dir(name), **self.env}
