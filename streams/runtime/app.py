@@ -686,7 +686,7 @@ class Runtime:
                                  "one stateful agent's input when librdkafka fetches them (MEMSTREAM_INPUT_FETCH)")
         fetch = self.input_fetches[name] = InputFetch(
             name, channel.topics, consumer_config(self.settings, self.app.conf.id),  # reads its offsets, never commits
-            self.settings.batch_max, self.settings.batch_wait_ms / 1000, count=self.count, on_failed=self._input_failed,
+            self.settings.batch_max, count=self.count, on_failed=self._input_failed,
             commit_interval_s=float(self.app.conf.broker_commit_interval))  # as often as Faust commits
 
         strays = Throttled(log, logging.ERROR, 10.0)

@@ -155,7 +155,7 @@ class InputFetch:
     """One stateful agent's input partitions, fetched by librdkafka in a thread of their own."""
 
     def __init__(self, name: str, topics: Iterable[str], config: Mapping[str, Any], batch_max: int,
-                 batch_wait_s: float, count: Callable[..., None] | None = None,
+                 count: Callable[..., None] | None = None,
                  on_failed: Callable[[str], None] | None = None, commit_interval_s: float = 0.0) -> None:
         """`on_failed(reason)` is called in the event loop when the thread stops on an error (the
         worker stops: it must not hold partitions it no longer reads). Applied batches' offsets
@@ -164,7 +164,7 @@ class InputFetch:
         self.name = name
         self.topics = frozenset(topics)
         self.config = dict(config)
-        self.batch_max, self.batch_wait_s = batch_max, batch_wait_s
+        self.batch_max = batch_max
         self._count = count or (lambda _name, _n=1: None)
         self._on_failed = on_failed or (lambda _reason: None)
         self._fetching: threading.Thread | None = None
@@ -297,14 +297,22 @@ class InputFetch:
         with reading(self.config, lambda reason: self._fail(reason, fetched.loop)) as consumer:
             consumer.assign([TopicPartition(t, p, OFFSET_STORED) for t, p in partitions])
             while not self._stopping.is_set():
-                first = consumer.poll(POLL_S)
-                if first is None:
-                    continue
-                messages = [first, *consumer.consume(self.batch_max - 1, self.batch_wait_s)] \
-                    if self.batch_max > 1 else [first]
+                messages = self._fetched_now(consumer)
                 events = self._events(messages)
                 if events:
                     fetched.put(events, self._stopping)
+
+    def _fetched_now(self, consumer: Any) -> list[Any]:
+        """The next hand-over: the first record (waited for at most POLL_S), then whatever else
+        librdkafka has already fetched, up to a batch, without waiting for more. The broker already
+        holds each fetch for up to MEMSTREAM_FETCH_MAX_WAIT_MS to gather records, and records that
+        come while the agent applies a batch wait in `Fetched` for the next one; a wait here for
+        more (MEMSTREAM_BATCH_WAIT_MS on Faust's path) only delayed every batch at low rates
+        (bench/RESULTS.md)."""
+        first = consumer.poll(POLL_S)
+        if first is None:
+            return []
+        return [first, *consumer.consume(self.batch_max - 1, 0)] if self.batch_max > 1 else [first]
 
     def _events(self, messages: list[Any]) -> list[Event]:
         return [event_of(m) for m in records_of(messages, self._warn, f"{self.name} input")]

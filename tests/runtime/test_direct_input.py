@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from streams.runtime import direct_input
 from streams.runtime.direct_input import Event, InputFetch, Message, event_of, next_offsets
 from streams.settings import FETCH_MIN_BYTES_MAX, INPUT_QUEUE_KBYTES_MAX, Settings, SettingsError
 
@@ -69,9 +70,39 @@ def test_a_record_reads_as_fausts_message_does():
 def test_claims_are_the_partitions_of_its_topics_only():
     from faust.types import TP
 
-    fetch = InputFetch("agent", ["a", "b"], {}, 10, 0.02)
+    fetch = InputFetch("agent", ["a", "b"], {}, 10)
     tps = {TP("a", 0), TP("b", 3), TP("c", 0), TP("a-changelog", 1)}
     assert fetch.claims(tps) == {TP("a", 0), TP("b", 3)}
+
+
+class _Consumer:
+    """librdkafka's consumer as `_fetched_now` uses it: `poll` gives the first record, `consume`
+    what is already fetched (the timeouts asked for are kept)."""
+
+    def __init__(self, fetched: list) -> None:
+        self.fetched, self.timeouts = list(fetched), []
+
+    def poll(self, timeout: float):
+        self.timeouts.append(("poll", timeout))
+        return self.fetched.pop(0) if self.fetched else None
+
+    def consume(self, n: int, timeout: float) -> list:
+        self.timeouts.append(("consume", timeout))
+        taken, self.fetched = self.fetched[:n], self.fetched[n:]
+        return taken
+
+
+def test_a_hand_over_is_what_librdkafka_has_fetched_without_waiting_for_more():
+    """The first record is waited for (at most POLL_S, so a stop is seen); the rest of the batch
+    is what librdkafka has already fetched, taken without a wait: the broker gathered them for up
+    to MEMSTREAM_FETCH_MAX_WAIT_MS, and a wait here only delayed every batch at low rates."""
+    fetch = InputFetch("agent", ["a"], {}, 3)
+    consumer = _Consumer(["r1", "r2", "r3", "r4"])
+    assert fetch._fetched_now(consumer) == ["r1", "r2", "r3"]  # at most a batch
+    assert consumer.timeouts == [("poll", direct_input.POLL_S), ("consume", 0)]
+    assert fetch._fetched_now(consumer) == ["r4"]  # one fetched: handed over alone, at once
+    assert fetch._fetched_now(consumer) == []  # none within the poll: nothing
+    assert InputFetch("agent", ["a"], {}, 1)._fetched_now(_Consumer(["r1", "r2"])) == ["r1"]  # a batch of one
 
 
 def test_input_fetch_settings_are_checked():
@@ -183,7 +214,7 @@ def test_stop_returns_only_after_the_commit_that_follows_the_batch_being_applied
             steps.append(f"committed {sorted(offsets.items())}")
             return True
 
-        fetch = InputFetch("agent", ["a"], {}, 10, 0.02)
+        fetch = InputFetch("agent", ["a"], {}, 10)
         fetched = fetch._fetched = Fetched(asyncio.get_running_loop(), 20)  # as `start` makes it (no thread here)
         fetched.put([_event("a", 0, 5), _event("a", 1, 7)], threading.Event())
         runner = asyncio.ensure_future(fetch.run(apply, commit))
@@ -221,7 +252,7 @@ def test_a_hung_broker_applies_nothing_commits_nothing_and_does_not_hang_the_sto
 
     async def scenario(broker: str) -> float:
         fetch = InputFetch("agent", ["memory.candidates.v1"], {"bootstrap.servers": broker, "group.id": "hung"},
-                           10, 0.02, commit_interval_s=0.5)
+                           10, commit_interval_s=0.5)
         runner = asyncio.ensure_future(fetch.run(apply, commit))
         fetch.start([("memory.candidates.v1", 0), ("memory.candidates.v1", 1)])
         await asyncio.sleep(2.0)

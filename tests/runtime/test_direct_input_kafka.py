@@ -77,7 +77,7 @@ def _fetch(settings, topic: str, group: str, batch_max: int = 50, queue_kbytes: 
     """An `InputFetch` with the worker's consumer configuration (`consumer_config`: its fetch
     min bytes and max wait included) from `settings` with `more` changed."""
     config = consumer_config(dataclasses.replace(settings, input_queue_kbytes=queue_kbytes, **more), group)
-    return InputFetch("test", [topic], config, batch_max, 0.02, commit_interval_s=commit_interval_s)
+    return InputFetch("test", [topic], config, batch_max, commit_interval_s=commit_interval_s)
 
 
 async def _run_until(fetch: InputFetch, group: Group, want: int, apply=None, timeout: float = 60) -> list:
@@ -224,7 +224,7 @@ def test_a_fetch_that_fails_says_why_counts_it_and_commits_nothing(stack, unique
         raise ValueError("a record librdkafka handed could not be read")
 
     monkeypatch.setattr(direct_input, "event_of", broken)
-    fetch = InputFetch("test", [topic], {"bootstrap.servers": stack.broker, "group.id": group}, 50, 0.02,
+    fetch = InputFetch("test", [topic], {"bootstrap.servers": stack.broker, "group.id": group}, 50,
                        count=lambda name, n=1: counted.append(name), on_failed=failed.append)
 
     async def scenario() -> None:
