@@ -74,6 +74,11 @@ What each figure means:
   worker's producer when it sends) on the output topics (ledger, relay, nodes, quarantine, DLQ,
   negotiator replies, compactions; not the timer-driven analytics / graph state), read once the
   group has committed past the last input record. Rate = input records / time.
+* **two workers against one**: `--scaling-rounds` rounds (3) of a one-worker run then a two-worker
+  run on the same input (RocksDB; the first round reuses the one-worker RocksDB run), one after the
+  other: two workers' CPU per record ÷ one's, each round and the median (the kept target ≤ 1.15×,
+  `SCALING_TARGET`). On two cores shared with the broker one pair's ratio moved by ±30% from one pair
+  to the next, so the median of rounds is the figure.
 * **latency**: one worker (store of the first one-worker run), the load's first records (at most
   all of it) produced for `--latency-seconds` at `--latency-rate` (default: half the first
   one-worker run's rate; several rates, comma-separated, give one run each), each record's
@@ -157,6 +162,7 @@ HOUR_MS = 3_600_000
 TOKEN = "bench-token"
 BENCH = Path(__file__).resolve().parent  #: this folder: the peers' scripts, from any working folder
 OUT_DIR = Path("bench/out")
+SCALING_TARGET = 1.15  #: two workers' CPU per record ÷ one's, at most (the kept target of bench/RESULTS.md)
 PROGRESS_S = 5.0
 
 
@@ -825,6 +831,52 @@ def pipeline_run(settings: Settings, load: list[Record], state: list[StateRow], 
     return result
 
 
+@dataclass
+class Scaling:
+    """One round of the two-worker comparison: one worker, then two, on the same input."""
+
+    load: str  #: the load average when the round began
+    one: Throughput
+    two: Throughput
+
+    @property
+    def ratio(self) -> float:
+        """Two workers' CPU per record ÷ one worker's (the kept target: ≤ SCALING_TARGET)."""
+        return self.two.cpu_ms_per_record / self.one.cpu_ms_per_record
+
+
+def scaling_rounds(settings: Settings, load: list[Record], state: list[StateRow], run: Path, rounds: int,
+                   runs: list[Throughput]) -> list[Scaling]:
+    """`rounds` rounds of one worker then two (RocksDB), one after the other: on two cores shared
+    with the broker a single pair's ratio moved by ±30% from one pair to the next (bench/RESULTS.md),
+    so the figure is the median of the rounds. The first round reuses the one-worker RocksDB run of
+    `runs`, if there is one."""
+    first = next((r for r in runs if r.workers == 1 and r.store == "rocksdb://"), None)
+    out = []
+    for n in range(1, rounds + 1):
+        say(f"\n== two workers against one, round {n} of {rounds}")
+        loadavg = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+        one = first if n == 1 and first is not None else \
+            pipeline_run(settings, load, state, f"1w-rocksdb-r{n}", 1, "rocksdb://", run)
+        two = pipeline_run(settings, load, state, "2w-rocksdb" if n == 1 else f"2w-rocksdb-r{n}", 2, "rocksdb://", run)
+        out.append(Scaling(loadavg, one, two))
+        say(f"   two workers ÷ one: {out[-1].ratio:.2f}×")
+    return out
+
+
+def report_scaling(rounds: list[Scaling]) -> None:
+    """The two-worker rounds and the median of their ratios."""
+    say("\n| two workers against one (RocksDB, same input) | load average | one worker, CPU / record "
+        "| two workers, CPU / record | two ÷ one | rates, one / two |\n|---|---|---|---|---|---|")
+    for n, r in enumerate(rounds, 1):
+        say(f"| round {n} | {r.load} | {r.one.cpu_ms_per_record:.3f} ms | {r.two.cpu_ms_per_record:.3f} ms | "
+            f"{r.ratio:.2f}× | {r.one.rate:,.0f} / {r.two.rate:,.0f} records/s |")
+    ratio = median(r.ratio for r in rounds)
+    say(f"| **median of {len(rounds)}** | | {median(r.one.cpu_ms_per_record for r in rounds):.3f} ms | "
+        f"{median(r.two.cpu_ms_per_record for r in rounds):.3f} ms | **{ratio:.2f}×** "
+        f"({'≤' if ratio <= SCALING_TARGET else '>'} the target {SCALING_TARGET}×) | |")
+
+
 # --------------------------------------------------------------------------------------- latency
 class LedgerTap(threading.Thread):
     """Reads memory.ledger.v1 from given offsets in the background: (receive time, CreateTime ms, value)."""
@@ -1081,8 +1133,8 @@ def versions(settings: Settings) -> str:
 
 def report(settings: Settings, args: argparse.Namespace, records: int, generator: float, raw: float,
            runs: list[Throughput], latencies: list[Latency], recoveries: list[Recovery],
-           peers: dict[str, Peer] | None = None, core: Peer | None = None, samejob_runs: list[SameJob] | None = None
-           ) -> None:
+           peers: dict[str, Peer] | None = None, core: Peer | None = None, samejob_runs: list[SameJob] | None = None,
+           scaling: list[Scaling] | None = None) -> None:
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     say(f"\n## Summary ({time.strftime('%Y-%m-%d %H:%M %Z')}, load average {load})\n\n{machine()}\n{versions(settings)}\n"
         f"partitions {settings.partitions}, standby replicas {settings.standby_replicas}, batch max "
@@ -1115,6 +1167,8 @@ def report(settings: Settings, args: argparse.Namespace, records: int, generator
             f"{cpu_of_quix(peer.cpu_ms_per_record)} | – |")
     if samejob_runs:
         report_samejob(samejob_runs)
+    if scaling:
+        report_scaling(scaling)
     if core and records and (peers or runs or samejob):
         same = [(f"{samejob.peer.label} (its own input: the memory agent's four topics)", samejob.peer.cpu_ms_per_record),
                 ("memstream, same job (the same input)", samejob.memstream.cpu_ms_per_record)] if samejob else []
@@ -1242,7 +1296,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="restore modes of each recovery run, comma-separated: faust (MEMSTREAM_RESTORE_AHEAD=false), ahead")
     ap.add_argument("--recovery-only", action="store_true", help="only the recovery runs (no load, peers, throughput or latency runs)")
     ap.add_argument("--stores", default="rocksdb://,memory://", help="stores of the one-worker and recovery runs")
-    ap.add_argument("--no-scaling", action="store_true", help="skip the two-worker run")
+    ap.add_argument("--no-scaling", action="store_true", help="skip the two-worker runs")
+    ap.add_argument("--scaling-rounds", type=int, default=3,
+                    help="rounds of one worker then two on the same input, alternating (the ratio's median is the figure)")
     ap.add_argument("--peers", default=",".join(PEERS),
                     help=f"framework peers to run, comma-separated ('' = none): {', '.join(PEERS)}")
     ap.add_argument("--no-quix", action="store_true", help="skip the Quix Streams peers (their virtualenv is made on first use)")
@@ -1287,8 +1343,8 @@ def run_all(settings: Settings, args: argparse.Namespace, run: Path) -> None:
     samejob = [] if args.no_quix or args.no_samejob else samejob_rounds(settings, load, run, args.samejob_rounds,
                                                                          args.profile)
     runs = [pipeline_run(settings, load, state, f"1w-{s.split(':')[0]}", 1, s, run) for s in stores]
-    if not args.no_scaling:
-        runs.append(pipeline_run(settings, load, state, "2w-rocksdb", 2, "rocksdb://", run))
+    scaling = [] if args.no_scaling else scaling_rounds(settings, load, state, run, args.scaling_rounds, runs)
+    runs += [pair.two for pair in scaling[:1]]
     if args.profile:
         profile = run / "py-spy-profile.txt"
         pipeline_run(settings, load, state, "profile", 1, "rocksdb://", run, profile)
@@ -1299,7 +1355,7 @@ def run_all(settings: Settings, args: argparse.Namespace, run: Path) -> None:
                                  profile=args.profile_latency and n == 0, linger_ms=args.latency_linger_ms)
                      for n, rate in enumerate(r for r in args.latency_rate.split(",") if r)]
     report(settings, args, len(load), generator, raw, runs, latencies, recovery_runs(settings, args, stores, run), peers,
-           core, samejob)
+           core, samejob, scaling)
 
 
 def recovery_runs(settings: Settings, args: argparse.Namespace, stores: list[str], run: Path) -> list[Recovery]:
