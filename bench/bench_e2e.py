@@ -143,6 +143,7 @@ from confluent_kafka.admin import NewTopic
 from bench import profile_parts, samejob_compare
 from bench.bench_consolidation import memory_text, vocabulary
 from bench.core_step import CoreWork, thread_cpu, thread_kinds
+from bench.fleet import load_average
 from streams.agents.memory import PROCESSOR as MEMORY_PROCESSOR
 from streams.agents.memory_store import STATE_TABLE, node_key
 from streams.agents.user_cache import chunk_rows
@@ -558,7 +559,7 @@ def samejob_run(settings: Settings, load: list[Record], run: Path, store: str = 
         parts = (profile_parts.us_per_record(profile_parts.main_thread_parts(run / f"py-spy-{app_id}.txt"), by_thread[0]),
                  profile_parts.us_per_record(profile_parts.main_thread_parts(peer_profile), by_thread[1]))
     return SameJob(ours, peer, comparison, 1000 * idle * waited / records, probes, by_thread, parts,
-                   " ".join(Path("/proc/loadavg").read_text().split()[:3]))
+                   load_average())
 
 
 def samejob_rounds(settings: Settings, load: list[Record], run: Path, rounds: int, profile: bool) -> list[SameJob]:
@@ -855,7 +856,7 @@ def scaling_rounds(settings: Settings, load: list[Record], state: list[StateRow]
     out = []
     for n in range(1, rounds + 1):
         say(f"\n== two workers against one, round {n} of {rounds}")
-        loadavg = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+        loadavg = load_average()
         one = first if n == 1 and first is not None else \
             pipeline_run(settings, load, state, f"1w-rocksdb-r{n}", 1, "rocksdb://", run)
         two = pipeline_run(settings, load, state, "2w-rocksdb" if n == 1 else f"2w-rocksdb-r{n}", 2, "rocksdb://", run)
@@ -1135,7 +1136,7 @@ def report(settings: Settings, args: argparse.Namespace, records: int, generator
            runs: list[Throughput], latencies: list[Latency], recoveries: list[Recovery],
            peers: dict[str, Peer] | None = None, core: Peer | None = None, samejob_runs: list[SameJob] | None = None,
            scaling: list[Scaling] | None = None) -> None:
-    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    load = load_average()
     say(f"\n## Summary ({time.strftime('%Y-%m-%d %H:%M %Z')}, load average {load})\n\n{machine()}\n{versions(settings)}\n"
         f"partitions {settings.partitions}, standby replicas {settings.standby_replicas}, batch max "
         f"{settings.batch_max} / wait {settings.batch_wait_ms} ms, registry {'yes' if settings.registry_url else 'no'}, "
