@@ -27,7 +27,8 @@ STANDBY_APPLIERS = ("librdkafka", "faust")  #: values of MEMSTREAM_STANDBY_APPLY
 INPUT_FETCHERS = ("faust", "librdkafka")  #: values of MEMSTREAM_INPUT_FETCH
 INPUT_QUEUE_KBYTES_MAX = 2_097_151  #: librdkafka's largest `queued.max.messages.kbytes`
 FETCH_MIN_BYTES_MAX = 100_000_000  #: librdkafka's largest `fetch.min.bytes`
-#: longest batch wait: the fetch thread waits it out in one call, so a stop or a rebalance waits as long
+CONSUME_MAX = 1_000_000  #: most records one `consume()` of confluent-kafka takes (batches and standby batches)
+#: longest batch wait (MEMSTREAM_INPUT_FETCH=faust): a batch's first record may wait this long for company
 BATCH_WAIT_MAX_MS = 10_000
 
 
@@ -59,13 +60,13 @@ class Settings:
     data_dir: str = field(default="var/worker", metadata={"doc": "Faust data dir (RocksDB tables); one per worker on a host."})
     standby_replicas: int = field(default=1, metadata={"doc": "Table standby replicas kept by other workers for fast failover."})
     standby_apply: str = field(default="librdkafka", metadata={"doc": "Who applies a worker's standby replicas of its RocksDB tables: `librdkafka` (one confluent-kafka consumer in its own thread writes their changelog records into the partition stores in write batches, with Faust's persisted offset, so a takeover recovers from there as before; streams/runtime/standby.py) or `faust` (Faust's record-by-record path: measured at 0.08 ms of CPU per input record on a two-worker fleet, bench/RESULTS.md). The `memory://` store always uses Faust's."})
-    standby_batch_max: int = field(default=5000, metadata={"doc": "Most changelog records the standby applier (MEMSTREAM_STANDBY_APPLY=librdkafka) takes from its consumer and writes at once (one RocksDB write batch per partition)."})
+    standby_batch_max: int = field(default=5000, metadata={"doc": "Most changelog records the standby applier (MEMSTREAM_STANDBY_APPLY=librdkafka) takes from its consumer and writes at once (one RocksDB write batch per partition); 1 to 1000000 (what one librdkafka consume() takes)."})
     log_level: str = field(default="info", metadata={"doc": "Worker log level."})
     session_timeout_s: float = field(default=10.0, metadata={"doc": "Consumer-group session timeout: a worker that stops heartbeating (killed, hung) loses its partitions after this long (failover time)."})
     output_timeout_s: float = field(default=60.0, metadata={"doc": "The longest a record the worker sends through its output producer (an output or a changelog row) may stay unacknowledged (librdkafka's `message.timeout.ms`, whose own default is 300 s). After it the batch fails, nothing of it is committed and the worker exits (70), so that a supervisor restarts it and its partitions move, instead of holding them while a broker hangs or its producer is stuck (one was seen delivering nothing after its broker's restart until this timeout)."})
     producer_linger_ms: int = field(default=5, metadata={"doc": "How long the worker's producer waits to fill a request while the agents produce (larger requests, fewer syscalls); once a batch waits for its records they are sent at once."})
     output_producer: str = field(default="librdkafka", metadata={"doc": "What sends a batch's output records and changelog rows: `librdkafka` (one confluent-kafka producer per worker, idempotent, acks=all, murmur2 partitioner; a batch awaits its acknowledgements before its table writes, and those of its rows before its offsets) or `faust` (Faust's own producer, the earlier path: about twice the CPU per record). Same bytes, keys and partitions either way (tests/runtime/test_outputs_kafka.py)."})
-    batch_max: int = field(default=500, metadata={"doc": "Most input records a stateful agent takes in one batch (outputs of a batch are acknowledged before its table writes); at least 1."})
+    batch_max: int = field(default=500, metadata={"doc": "Most input records a stateful agent takes in one batch (outputs of a batch are acknowledged before its table writes); 1 to 1000000 (what one librdkafka consume() takes)."})
     dlq_max_copy_bytes: int = field(default=512 * 1024, metadata={"doc": "A dead letter copies the original key and value only up to this many bytes together; a larger original is referenced (topic, partition, offset, size, SHA-256), so a dead letter always fits the broker's message limit."})
     dlq_max_reason_chars: int = field(default=2000, metadata={"doc": "Longest reason a dead letter (and its `__connect.errors.exception.message` header) carries; longer ones are cut, saying how much was left out."})
     state_batch_max_bytes: int = field(default=256 * 1024, metadata={"doc": "Most bytes of one user's rows a batch stages before it is made durable early (bounds the redo log in the user's memory-state row by this plus one record's rows, whatever the backlog)."})
@@ -92,7 +93,7 @@ class Settings:
     fetch_quiet_ms: int = field(default=500, metadata={"doc": "After this long without a fetched record a worker's fetch requests go back to Faust's 1 byte / 1500 ms (an idle worker then fetches every 1.5 s instead of every MEMSTREAM_FETCH_MAX_WAIT_MS). Each fetch of a flowing worker costs its consumer thread ~2 ms of CPU (aiokafka handles every assigned partition in Python): after a burst, 2000 ms of flowing fetches cost the same-job bench ~25 µs per record (bench/RESULTS.md). Faust's consumer batches its fetches only while it fetches records at a rate (MEMSTREAM_INPUT_FETCH=faust or MEMSTREAM_STANDBY_APPLY=faust); with both librdkafka (the defaults) it fetches only ticks, relay-policy changes and a recovery's changelogs, always with 1 byte / 1500 ms (streams/runtime/rebalance.py `sparse_fetches`): each tick otherwise began a flowing spell, and an idle worker spent 10.8% of a core instead of 5.5%."})
     input_fetch: str = field(default="librdkafka", metadata={"doc": "Who fetches the stateful agents' input records: `librdkafka` (one confluent-kafka consumer per stateful agent, in its own thread, hands the agent whole batches; Faust still assigns the partitions and restores the tables, and each batch's offsets are committed through Faust's consumer, the group's member: streams/runtime/direct_input.py, docs/state-and-failures.md §9) or `faust` (Faust's consumer and its per-record hand-off to the agent's stream, the earlier path: about a sixth more CPU per record on the same-job bench)."})
     input_queue_kbytes: int = field(default=16384, metadata={"doc": "With MEMSTREAM_INPUT_FETCH=librdkafka: most KiB of input records each stateful agent's consumer prefetches (librdkafka's `queued.max.messages.kbytes`)."})
-    batch_wait_ms: int = field(default=5, metadata={"doc": "With MEMSTREAM_INPUT_FETCH=faust: the longest a stateful agent waits, after a batch's first record, for more to fill it; 1 to 10000 (a stop or a rebalance waits for the wait under way). The librdkafka fetch (the default) does not wait: a batch is what librdkafka has fetched when the agent is ready for one, since the broker already holds each fetch for up to MEMSTREAM_FETCH_MAX_WAIT_MS to gather records and records that come during a batch wait for the next; its 5 ms wait had only delayed every batch at low rates (bench/RESULTS.md)."})
+    batch_wait_ms: int = field(default=5, metadata={"doc": "With MEMSTREAM_INPUT_FETCH=faust: the longest a stateful agent waits, after a batch's first record, for more to fill it; 1 to 10000 (a batch's first record may wait that long). The librdkafka fetch (the default) does not wait: a batch is what librdkafka has fetched when the agent is ready for one, since the broker already holds each fetch for up to MEMSTREAM_FETCH_MAX_WAIT_MS to gather records and records that come during a batch wait for the next; its 5 ms wait had only delayed every batch at low rates (bench/RESULTS.md)."})
     # --- pipeline rules ------------------------------------------------------------------
     text_merge_threshold: float = field(default=0.85, metadata={"doc": "Text similarity (n-gram Jaccard) at or above which a candidate merges into a node."})
     text_supersede_threshold: float = field(default=0.50, metadata={"doc": "Lower edge of the text contradiction band (supersede) for semantic memories."})
@@ -208,9 +209,13 @@ class Settings:
         for name in ("fetch_max_wait_ms", "fetch_backlog_wait_ms"):  # the broker holds the request this long:
             if getattr(self, name) > FETCH_WAIT_MAX_MS:  # meanwhile no other partition of it is fetched
                 raise SettingsError(f"MEMSTREAM_{name.upper()}={getattr(self, name)} must be at most {FETCH_WAIT_MAX_MS}")
+        for name in ("batch_max", "standby_batch_max"):  # taken with one consume(); more is refused there, at run time
+            if getattr(self, name) > CONSUME_MAX:
+                raise SettingsError(f"MEMSTREAM_{name.upper()}={getattr(self, name)} must be at most {CONSUME_MAX} "
+                                    "(one librdkafka consume() takes at most that many records)")
         if self.batch_wait_ms > BATCH_WAIT_MAX_MS:
             raise SettingsError(f"MEMSTREAM_BATCH_WAIT_MS={self.batch_wait_ms} must be at most {BATCH_WAIT_MAX_MS} (a "
-                                "stop or a rebalance waits for the batch wait under way)")
+                                "batch's first record may wait that long for company)")
         if not max(1, self.producer_linger_ms + 1) <= self.output_timeout_s * 1000 <= 2**31 - 1:  # librdkafka's bounds
             raise SettingsError(f"MEMSTREAM_OUTPUT_TIMEOUT_S={self.output_timeout_s} must be more than "
                                 f"MEMSTREAM_PRODUCER_LINGER_MS ({self.producer_linger_ms} ms) and at most 2147483")

@@ -131,9 +131,21 @@ def test_a_batch_bound_below_one_is_refused(name, value):
     assert getattr(Settings(**{name: 1}), name) == 1
 
 
+@pytest.mark.parametrize("name", ["batch_max", "standby_batch_max"])
+def test_a_batch_over_what_one_consume_takes_is_refused(name):
+    """Batches and standby batches are taken with one librdkafka `consume()`, which refuses more
+    than a million records at run time (the fetch thread would stop, and the worker with it)."""
+    from streams.settings import CONSUME_MAX
+
+    for bad in (CONSUME_MAX + 1, 10**9):
+        with pytest.raises(SettingsError, match=f"MEMSTREAM_{name.upper()}={bad} must be at most {CONSUME_MAX}"):
+            Settings.from_env({f"MEMSTREAM_{name.upper()}": str(bad)})
+    assert getattr(Settings(**{name: CONSUME_MAX}), name) == CONSUME_MAX
+
+
 def test_a_batch_wait_over_ten_seconds_is_refused():
-    """The fetch thread waits a batch's wait out in one librdkafka call: an hour's wait would hold a
-    stopping worker, and a rebalance, for an hour."""
+    """On Faust's path a batch's first record may wait the whole batch wait for company: an hour's
+    wait would hold it, and its user's outputs, for an hour."""
     from streams.settings import BATCH_WAIT_MAX_MS
 
     for bad in (BATCH_WAIT_MAX_MS + 1, 3_600_000):
